@@ -1,0 +1,33 @@
+"""Guess the hidden number (1..16) in at most 5 turns, with higher/lower feedback. The default pipeline.
+
+Run:  rose run pipelines/guess.py --steps 60 --json
+A tiny Llama (0.5 M parameters) is built and warm-started on random valid play (cached), then GRPO
+teaches it to search: sampled reward rises from about 0.5 toward binary search's 0.76.
+"""
+import rose
+from rose.graph import Graph
+
+# ---- settings
+ENV = "guess"  # environment (rose/ops/envs/guess.py)
+NUM_GROUPS = 16  # environment seeds per step (GRPO groups)
+GROUP_SIZE = 8  # samples per seed
+STEPS = 60  # RL steps by default
+SEED = 0
+MODEL = rose.ModelConfig()  # path=None: build and warm-start the tiny local model
+ENGINE = rose.EngineConfig(temperature=1.0, kv_cache_gib=0.5)
+GRPO = rose.GRPOConfig(lr=3e-4, inner_epochs=4, clip=0.2)
+CLUSTER = rose.ClusterConfig(num_dedicated=1)
+
+
+def step_graph(step: int) -> Graph:
+    g = Graph("guess")
+    specs = g.add("prompts", "prompts", env=ENV, num_groups=NUM_GROUPS, group_size=GROUP_SIZE)
+    traj = g.add("rollout", "rollout", inputs={"specs": specs.out("specs")})
+    scored = g.add("reward", "reward", inputs={"trajectories": traj.out("trajectories")})
+    train = g.add("train", "train", inputs={"trajectories": scored.out("trajectories")}, grpo=GRPO)
+    g.add("sync", "sync", inputs={"result": train.out("result")})
+    return g
+
+
+PIPELINE = rose.Pipeline(name="guess", env=ENV, build=step_graph, steps=STEPS, seed=SEED, model=MODEL,
+                         engine=ENGINE, cluster=CLUSTER)

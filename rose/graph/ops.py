@@ -1,0 +1,51 @@
+"""The op contract and registry. An op declares typed ports and lowers a node to task specs.
+
+An op never touches Dask: `lower` returns plain `TaskSpec` records (decide), and
+`rose.graph.submit` turns them into Dask tasks (act).
+"""
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from rose.graph.node import PortType
+
+_OPS: dict[str, "Op"] = {}
+
+
+class Op:
+    name: ClassVar[str]
+    inputs: ClassVar[dict[str, PortType]] = {}
+    outputs: ClassVar[dict[str, PortType]] = {}
+    optional_inputs: ClassVar[frozenset[str]] = frozenset()
+    params: ClassVar[dict[str, type | tuple[type, ...]]] = {}  # parameter name -> accepted type(s)
+    required_params: ClassVar[frozenset[str]] = frozenset()
+
+    def check_params(self, params: dict[str, Any]) -> None:
+        """Raise ValueError/TypeError naming a bad parameter."""
+        for k in self.required_params - params.keys():
+            raise ValueError(f"missing parameter {k!r}")
+        for k, v in params.items():
+            if k not in self.params:
+                raise ValueError(f"unknown parameter {k!r}; known: {sorted(self.params)}")
+            if not isinstance(v, self.params[k]):
+                raise TypeError(f"parameter {k!r}={v!r} should be {self.params[k]}")
+
+    def lower(self, node, ctx, inputs: dict[str, list]) -> tuple[list, dict[str, list]]:
+        """Return (task specs, {output port: [partition ...]}); a partition is a Ref or a plain value."""
+        raise NotImplementedError
+
+
+def register_op(cls: type[Op]) -> type[Op]:
+    _OPS[cls.name] = cls()
+    return cls
+
+
+def get_op(name: str) -> Op:
+    _load_builtin()
+    if name not in _OPS:
+        raise KeyError(f"unknown op {name!r}; known ops: {sorted(_OPS)}")
+    return _OPS[name]
+
+
+def _load_builtin() -> None:
+    import rose.ops.steps  # noqa: F401  (registers prompts, rollout, reward, train, sync)

@@ -1,0 +1,68 @@
+"""Graph validation: every problem is reported before any worker does work.
+
+Checks, in order, each raising `GraphError` that names the node (and port):
+unknown op; unknown input port; input wired to a missing node or a port that node does not have;
+required input not wired; port type mismatch; bad op parameters; cycles.
+"""
+from __future__ import annotations
+
+from rose.errors import GraphError
+
+
+def validate(graph) -> list:
+    from rose.graph.ops import get_op
+
+    ops = {}
+    for node in graph.nodes.values():
+        try:
+            ops[node.name] = get_op(node.op)
+        except KeyError as e:
+            raise GraphError(str(e.args[0]), node=node.name, op=node.op) from None
+    for node in graph.nodes.values():
+        op = ops[node.name]
+        for port, ref in node.inputs.items():
+            if port not in op.inputs:
+                raise GraphError(f"op {node.op!r} has no input port {port!r}; it has {sorted(op.inputs)}",
+                                 node=node.name, port=port)
+            src = graph.nodes.get(ref.node)
+            if src is None:
+                raise GraphError(f"input {port!r} is wired to unknown node {ref.node!r}", node=node.name, port=port)
+            src_op = ops[src.name]
+            if ref.port not in src_op.outputs:
+                raise GraphError(f"input {port!r} is wired to {ref}, but op {src.op!r} has no output "
+                                 f"{ref.port!r}; it has {sorted(src_op.outputs)}", node=node.name, port=port)
+            want, got = op.inputs[port], src_op.outputs[ref.port]
+            if not want.accepts(got):
+                raise GraphError(f"port type mismatch: {ref} produces {got}, input {port!r} takes {want}",
+                                 node=node.name, port=port)
+        for port in op.inputs:
+            if port not in node.inputs and port not in op.optional_inputs:
+                raise GraphError(f"required input {port!r} is not wired", node=node.name, port=port)
+        try:
+            op.check_params(node.params)
+        except (TypeError, ValueError) as e:
+            raise GraphError(f"bad parameters for op {node.op!r}: {e}", node=node.name) from None
+    return _topo_order(graph)
+
+
+def _topo_order(graph) -> list:
+    # Kahn's algorithm; whatever is left when no node is ready lies on a cycle.
+    indeg = {n: 0 for n in graph.nodes}
+    users: dict[str, list[str]] = {n: [] for n in graph.nodes}
+    for node in graph.nodes.values():
+        for ref in node.inputs.values():
+            indeg[node.name] += 1
+            users[ref.node].append(node.name)
+    ready = [n for n, d in indeg.items() if d == 0]
+    order = []
+    while ready:
+        name = ready.pop(0)
+        order.append(graph.nodes[name])
+        for u in users[name]:
+            indeg[u] -= 1
+            if indeg[u] == 0:
+                ready.append(u)
+    if len(order) != len(graph.nodes):
+        stuck = sorted(n for n, d in indeg.items() if d > 0)
+        raise GraphError(f"cycle among nodes {stuck}", node=stuck[0])
+    return order

@@ -1,0 +1,76 @@
+"""The environment contract for multi-turn rollouts.
+
+An `Env` is a small, deterministic state machine: `reset(seed)` returns the first observation and
+`step(action_text)` returns the next observation, a reward and whether the episode is over. Given the
+same seed and the same actions it produces the same observations, so a trajectory can be replayed or
+resumed on another worker from (seed, actions so far).
+
+Environments speak plain text, one action per policy turn. The rollout op tokenizes observations with
+the policy's tokenizer and marks them `loss_mask=False`.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class StepResult:
+    observation: str  # text appended to the context (environment tokens, not trained on)
+    reward: float  # reward for this turn; the episode's reward is the sum
+    done: bool  # no further policy turn
+
+
+@runtime_checkable
+class Env(Protocol):
+    name: str  # registry name, e.g. "guess"
+    max_turns: int  # policy turns at most; the rollout stops with finish_reason "max_turns"
+    max_action_tokens: int  # tokens the policy may write in one turn
+
+    def reset(self, seed: int) -> str:
+        """Start an episode; return the first observation (the prompt)."""
+
+    def step(self, action: str) -> StepResult:
+        """Apply one policy action (the decoded text of one turn)."""
+
+    @classmethod
+    def vocabulary(cls) -> list[str]:
+        """Words this environment uses, for building a tiny word-level tokenizer."""
+
+    @classmethod
+    def demonstration(cls, rng: random.Random) -> list[tuple[str, bool]]:
+        """One synthetic episode as (text, is_policy) segments, for the supervised warm start."""
+
+
+def replay(env: Env, seed: int, actions: list[str]) -> tuple[str, list[StepResult]]:
+    """Rebuild an environment's state from its seed and the actions so far."""
+    first = env.reset(seed)
+    return first, [env.step(a) for a in actions]
+
+
+_REGISTRY: dict[str, type] = {}
+
+
+def register(cls: type) -> type:
+    """Class decorator: make an environment available by name to pipelines and workers."""
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def make_env(name: str, **kwargs) -> Env:
+    from rose.errors import ConfigError
+
+    _load_builtin()
+    if name not in _REGISTRY:
+        raise ConfigError(f"unknown environment {name!r}; known: {sorted(_REGISTRY)}")
+    return _REGISTRY[name](**kwargs)
+
+
+def env_class(name: str) -> type:
+    make_env(name)  # raises on unknown names
+    return _REGISTRY[name]
+
+
+def _load_builtin() -> None:
+    from rose.ops.envs import calc, guess  # noqa: F401  (registration side effect)

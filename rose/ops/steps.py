@@ -1,0 +1,124 @@
+"""The RL step's ops: prompts -> rollout -> reward -> train -> sync, with their typed ports."""
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable
+
+from rose.config import GRPOConfig
+from rose.graph.lower import Ref, TaskSpec, task_key
+from rose.graph.node import PortType
+from rose.graph.ops import Op, register_op
+from rose.ops.reward import apply_reward
+from rose.ops.rollout import RolloutSpec, run_rollout
+from rose.ops.train import apply_weights, train_metrics, train_step
+from rose.runtime.trajectory import TRAJECTORY_SCHEMA
+
+SPECS = PortType("rollout_specs", partitioned=True)
+TRAJECTORIES = PortType("trajectories", schema=TRAJECTORY_SCHEMA, partitioned=True)
+TRAIN_RESULT = PortType("train_result")
+METRICS = PortType("metrics")
+SYNC_STATUS = PortType("sync_status", partitioned=True)
+
+
+@register_op
+class PromptsOp(Op):
+    """Driver-side source: G samples for each of `num_groups` environment seeds (no task)."""
+
+    name = "prompts"
+    outputs = {"specs": SPECS}
+    params = {"env": str, "env_kwargs": dict, "num_groups": int, "group_size": int}
+    required_params = frozenset({"env", "num_groups", "group_size"})
+
+    def check_params(self, params):
+        super().check_params(params)
+        from rose.ops.envs import env_class
+
+        env_class(params["env"])  # unknown environment -> ConfigError (a ValueError)
+        for k in ("num_groups", "group_size"):
+            if params[k] < 1:
+                raise ValueError(f"{k}={params[k]} must be >= 1")
+
+    def lower(self, node, ctx, inputs):
+        p = node.params
+        seed = ctx.seed
+        specs = []
+        for g in range(p["num_groups"]):
+            env_seed = zlib.crc32(f"{seed}/{ctx.step}/{g}".encode())
+            for i in range(p["group_size"]):
+                specs.append(RolloutSpec(ctx.step, g, i, p["env"], env_seed, dict(p.get("env_kwargs", {})),
+                                         ctx.temperature, ctx.top_p, seed))
+        return [], {"specs": specs}
+
+
+@register_op
+class RolloutOp(Op):
+    """One task per trajectory on a rollout worker; retried with the same key and trajectory id."""
+
+    name = "rollout"
+    inputs = {"specs": SPECS}
+    outputs = {"trajectories": TRAJECTORIES}
+    params = {"retries": int}
+
+    def lower(self, node, ctx, inputs):
+        tasks, outs = [], []
+        for spec in inputs["specs"]:
+            key = task_key(ctx, node, spec.trajectory_id)
+            tasks.append(TaskSpec(key, run_rollout, (spec,), role="dedicated", retries=node.params.get("retries", 2),
+                                  annotations={"rose-role": "rollout", "trajectory_id": spec.trajectory_id}))
+            outs.append(Ref(key))
+        return tasks, {"trajectories": outs}
+
+
+@register_op
+class RewardOp(Op):
+    """One task per trajectory partition; `fn` follows the reward contract (batch in, floats out)."""
+
+    name = "reward"
+    inputs = {"trajectories": TRAJECTORIES}
+    outputs = {"trajectories": TRAJECTORIES}
+    params = {"fn": (Callable, type(None))}
+
+    def lower(self, node, ctx, inputs):
+        fn = node.params.get("fn")
+        tasks, outs = [], []
+        for i, ref in enumerate(inputs["trajectories"]):
+            key = task_key(ctx, node, i)
+            tasks.append(TaskSpec(key, apply_reward, (ref, fn)))
+            outs.append(Ref(key))
+        return tasks, {"trajectories": outs}
+
+
+@register_op
+class TrainOp(Op):
+    """One GRPO update on the trainer worker over all trajectories of the step."""
+
+    name = "train"
+    inputs = {"trajectories": TRAJECTORIES}
+    outputs = {"result": TRAIN_RESULT, "metrics": METRICS}
+    params = {"grpo": GRPOConfig}
+
+    def lower(self, node, ctx, inputs):
+        cfg = node.params.get("grpo", GRPOConfig())
+        key = task_key(ctx, node)
+        train = TaskSpec(key, train_step, (cfg, *inputs["trajectories"]), role="trainer")
+        metrics = TaskSpec(f"{key}-metrics", train_metrics, (Ref(key),), role="trainer")
+        return [train, metrics], {"result": [Ref(key)], "metrics": [Ref(metrics.key)]}
+
+
+@register_op
+class SyncOp(Op):
+    """Full-weight sync: one task pinned to each rollout worker, after the train step."""
+
+    name = "sync"
+    inputs = {"result": TRAIN_RESULT}
+    outputs = {"status": SYNC_STATUS}
+
+    def lower(self, node, ctx, inputs):
+        (result,) = inputs["result"]
+        tasks, outs = [], []
+        for i, addr in enumerate(ctx.rollout_workers):
+            key = task_key(ctx, node, i)
+            tasks.append(TaskSpec(key, apply_weights, (result,), workers=(addr,),
+                                  annotations={"weight_version": ctx.weight_version + 1}))
+            outs.append(Ref(key))
+        return tasks, {"status": outs}

@@ -1,0 +1,53 @@
+"""A pipeline: its settings and the function that builds one RL step's graph.
+
+Pipelines live in `pipelines/*.py` as plain Python and define `PIPELINE = Pipeline(...)`.
+`load_pipeline(path)` imports such a file.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass, field
+from typing import Callable
+
+from rose.config import ClusterConfig, EngineConfig, ModelConfig
+from rose.errors import ConfigError, config_check
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """Example:
+
+        PIPELINE = Pipeline(name="guess", env="guess", build=step_graph, steps=60)
+        report = rose.run(PIPELINE, steps=2)
+    """
+
+    name: str  # shown in reports
+    env: str  # environment the (tiny) model is warm-started on
+    build: Callable  # step (int) -> rose.graph.Graph for that step
+    steps: int = 10  # RL steps when the caller does not say
+    seed: int = 0
+    model: ModelConfig = field(default_factory=ModelConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+
+    def __post_init__(self):
+        config_check(callable(self.build), "Pipeline", "build", self.build, "a function step -> Graph")
+        config_check(isinstance(self.steps, int) and self.steps >= 1, "Pipeline", "steps", self.steps, ">= 1")
+        from rose.ops.envs import env_class
+
+        env_class(self.env)  # unknown environments fail here, with the list of known ones
+
+
+def load_pipeline(path: str) -> Pipeline:
+    """Import a pipeline file and return its `PIPELINE`."""
+    if not os.path.isfile(path):
+        raise ConfigError(f"pipeline file {path!r} does not exist")
+    name = "rose_pipeline_" + os.path.splitext(os.path.basename(path))[0]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    pipeline = getattr(module, "PIPELINE", None)
+    if not isinstance(pipeline, Pipeline):
+        raise ConfigError(f"pipeline file {path!r} defines no PIPELINE = rose.Pipeline(...)")
+    return pipeline

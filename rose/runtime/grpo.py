@@ -1,0 +1,64 @@
+"""GRPO: group-normalised advantages and the clipped, importance-corrected policy loss. Pure torch.
+
+Three log-probs meet here, per generated token:
+- `behav_lp`: from the engine that sampled the token (vLLM), recorded in the trajectory;
+- `old_lp`: the trainer's own log-prob at the same weights, before this batch's updates;
+- `lp`: the trainer's log-prob now, during the inner updates.
+The PPO ratio `exp(lp - old_lp)` is clipped as usual. Engine and trainer compute the same policy
+with different kernels, so `old_lp != behav_lp` slightly; the truncated importance weight
+`min(exp(old_lp - behav_lp), tis_cap)` corrects for that mismatch (samples came from the engine)
+without letting a rare large mismatch blow up the gradient.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, eps: float) -> torch.Tensor:
+    """(B,) rewards, (B,) group ids -> (B,) advantages (r - mean_g) / (std_g + eps).
+
+    A group of one has advantage 0. Std is the unbiased sample std, as in the GRPO paper.
+    """
+    adv = torch.zeros_like(rewards, dtype=torch.float32)
+    for g in torch.unique(group_ids):
+        idx = group_ids == g
+        r = rewards[idx].float()
+        if r.numel() < 2:
+            continue
+        adv[idx] = (r - r.mean()) / (r.std() + eps)
+    return adv
+
+
+def grpo_loss(lp: torch.Tensor, old_lp: torch.Tensor, behav_lp: torch.Tensor, adv: torch.Tensor,
+              mask: torch.Tensor, clip: float, tis_cap: float) -> tuple[torch.Tensor, dict]:
+    """Token-level loss averaged over generated tokens.
+
+    lp, old_lp, behav_lp, mask: (B, T) aligned per token; adv: (B,). mask is 1 on policy tokens.
+    Returns (loss, stats) where stats holds clip fraction and mean truncated importance weight.
+    """
+    mask = mask.float()
+    zero = torch.zeros_like(lp)
+    lp = torch.where(mask > 0, lp, zero)  # keep -inf or junk off masked slots
+    old_lp = torch.where(mask > 0, old_lp, zero).detach()
+    behav_lp = torch.where(mask > 0, behav_lp, zero)
+    ratio = torch.exp(lp - old_lp)
+    a = adv[:, None]
+    obj = torch.minimum(ratio * a, torch.clamp(ratio, 1 - clip, 1 + clip) * a)
+    tis = torch.clamp(torch.exp(old_lp - behav_lp), max=tis_cap).detach()
+    n = mask.sum().clamp(min=1)
+    loss = -(obj * tis * mask).sum() / n
+    with torch.no_grad():
+        clipped = ((ratio - 1).abs() > clip).float()
+        stats = {"clip_frac": float((clipped * mask).sum() / n), "tis_mean": float((tis * mask).sum() / n)}
+    return loss, stats
+
+
+def token_logprobs(logits: torch.Tensor, ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """logits (B, T, V) for positions 0..T-1, ids (B, T) -> (B, T) log-prob of ids[t] given < t.
+
+    Position 0 has no prediction and gets 0. Logits are divided by the sampling temperature so the
+    trainer's log-probs describe the distribution the engine sampled from.
+    """
+    logits = logits[:, :-1].float() / temperature
+    lp = torch.log_softmax(logits, -1).gather(2, ids[:, 1:, None]).squeeze(2)
+    return torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1)

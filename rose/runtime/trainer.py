@@ -1,0 +1,88 @@
+"""The policy in training mode on the trainer worker: model, optimizer, one GRPO step per RL step."""
+from __future__ import annotations
+
+import time
+import warnings
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import torch
+
+from rose.config import GRPOConfig
+from rose.runtime.grpo import group_advantages, grpo_loss, token_logprobs
+from rose.runtime.trajectory import flat_tokens
+
+
+def _pad(values: np.ndarray, offsets: np.ndarray, pad, dtype) -> torch.Tensor:
+    """Flat Arrow values + offsets -> (B, T_max) tensor, right-padded."""
+    with warnings.catch_warnings():  # Arrow buffers are read-only; we only read them
+        warnings.simplefilter("ignore", UserWarning)
+        flat = torch.from_numpy(np.asarray(values))  # zero-copy where Arrow gave a view
+    lengths = np.diff(offsets)
+    out = torch.full((len(lengths), int(lengths.max(initial=1))), pad, dtype=dtype)
+    for i, (s, n) in enumerate(zip(offsets[:-1], lengths)):
+        out[i, :n] = flat[s : s + n]
+    return out
+
+
+class Trainer:
+    """Holds fp32 weights and AdamW state; `step` applies GRPO to one batch of trajectories."""
+
+    def __init__(self, model_dir: str, seed: int = 0, temperature: float = 1.0):
+        from transformers import AutoModelForCausalLM
+
+        torch.manual_seed(seed)
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+        self.model.eval()
+        self.temperature = temperature  # of the behaviour policy; the trainer scores at the same
+        self.version = 0  # weights version the trainer holds; engines start at 0 too
+        self.opt: torch.optim.Optimizer | None = None
+        self.pad_id = self.model.config.pad_token_id or 0
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    def logprobs(self, table: pa.Table) -> tuple[torch.Tensor, torch.Tensor]:
+        """Recompute per-token log-probs at the current weights -> ((B, T) lp, (B, T) ids)."""
+        ids = _pad(*flat_tokens(table, "token_ids"), self.pad_id, torch.long)
+        with torch.no_grad():
+            logits = self.model(input_ids=ids).logits
+        return token_logprobs(logits, ids, self.temperature), ids
+
+    def step(self, table: pa.Table, cfg: GRPOConfig) -> dict:
+        """One GRPO update on the trajectories in `table` (failed ones are skipped). Returns metrics."""
+        t0 = time.perf_counter()
+        if self.opt is None:
+            self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=0.0)
+        ok = table.filter(pc.not_equal(table["finish_reason"], "failed"))
+        metrics = {"trained_trajectories": ok.num_rows}
+        if ok.num_rows == 0:
+            return metrics | {"train_s": time.perf_counter() - t0}
+        ids = _pad(*flat_tokens(ok, "token_ids"), self.pad_id, torch.long)
+        mask = _pad(*flat_tokens(ok, "loss_mask"), False, torch.bool).float()
+        behav = _pad(*flat_tokens(ok, "logprobs"), 0.0, torch.float32)
+        rewards = torch.from_numpy(ok["reward"].to_numpy())
+        groups = torch.from_numpy(ok["group_id"].to_numpy().astype(np.int64))
+        adv = group_advantages(rewards, groups, cfg.adv_eps)
+
+        self.model.train()
+        with torch.no_grad():
+            old = token_logprobs(self.model(input_ids=ids).logits, ids, self.temperature)
+        n = mask.sum().clamp(min=1)
+        diff = (old - behav).abs() * mask
+        metrics |= {"logprob_mismatch": float(diff.sum() / n), "logprob_mismatch_max": float(diff.max()),
+                    "zero_adv_groups": float((adv == 0).float().mean())}
+        losses, stats = [], {}
+        for _ in range(cfg.inner_epochs):
+            lp = token_logprobs(self.model(input_ids=ids).logits, ids, self.temperature)
+            loss, stats = grpo_loss(lp, old, behav, adv, mask, cfg.clip, cfg.tis_cap)
+            self.opt.zero_grad()
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+            self.opt.step()
+            losses.append(loss.item())
+        self.model.eval()
+        self.version += 1
+        return metrics | stats | {"loss": float(np.mean(losses)), "grad_norm": float(grad_norm),
+                                  "train_s": time.perf_counter() - t0, "weight_version": self.version}

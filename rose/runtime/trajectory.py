@@ -1,0 +1,148 @@
+"""The trajectory schema: one Arrow row per trajectory. Versioned; every op speaks it.
+
+Token-level columns are aligned: `token_ids[i]`, `logprobs[i]`, `loss_mask[i]` and
+`weight_versions[i]` all describe token i of the whole conversation (prompt included).
+Prompt and environment tokens have `loss_mask=False`, `logprobs=0` and `weight_versions=-1`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+SCHEMA_VERSION = 1
+
+TRAJECTORY_SCHEMA = pa.schema(
+    [
+        pa.field("step", pa.int32()),  # RL step that asked for this trajectory
+        pa.field("group_id", pa.int32()),  # GRPO group within the step (same env seed)
+        pa.field("sample_id", pa.int32()),  # index within the group
+        pa.field("trajectory_id", pa.string()),  # unique, stable across retries: "s{step}-g{group}-i{sample}"
+        pa.field("env", pa.string()),  # environment name
+        pa.field("env_seed", pa.int64()),  # seed passed to Env.reset
+        pa.field("token_ids", pa.list_(pa.int32())),  # (T,) whole conversation
+        pa.field("logprobs", pa.list_(pa.float32())),  # (T,) behaviour-policy log-prob, 0 where not generated
+        pa.field("loss_mask", pa.list_(pa.bool_())),  # (T,) true only on policy-generated tokens
+        pa.field("weight_versions", pa.list_(pa.int32())),  # (T,) version that produced the token, -1 if none
+        pa.field("turn_offsets", pa.list_(pa.int32())),  # start index of each policy turn in token_ids
+        pa.field("num_turns", pa.int32()),
+        pa.field("env_reward", pa.float32()),  # sum of the rewards the environment gave
+        pa.field("reward", pa.float32()),  # filled by the reward op; NaN until then
+        pa.field("finish_reason", pa.string()),  # done | max_turns | length | failed
+        pa.field("error", pa.string()),  # exception text when finish_reason == "failed", else null
+        pa.field("worker", pa.string()),  # address of the worker that generated it
+        pa.field("placement", pa.string()),  # dedicated | serving
+        pa.field("rollout_s", pa.float32()),  # wall seconds from first request to last token
+        pa.field("queue_s", pa.float32()),  # seconds the turns waited in the engine before their first token
+    ],
+    metadata={b"rose.trajectory.schema_version": str(SCHEMA_VERSION).encode()},
+)
+
+FINISH_REASONS = ("done", "max_turns", "length", "failed")
+
+
+@dataclass
+class Trajectory:
+    """A trajectory being built by the agent loop (mutable; becomes one Arrow row)."""
+
+    step: int
+    group_id: int
+    sample_id: int
+    env: str
+    env_seed: int
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    loss_mask: list[bool] = field(default_factory=list)
+    weight_versions: list[int] = field(default_factory=list)
+    turn_offsets: list[int] = field(default_factory=list)
+    env_reward: float = 0.0  # sum of rewards the environment gave
+    finish_reason: str = "done"
+    error: str | None = None
+    worker: str = ""
+    placement: str = "dedicated"
+    rollout_s: float = 0.0
+    queue_s: float = 0.0
+
+    @property
+    def trajectory_id(self) -> str:
+        return trajectory_id(self.step, self.group_id, self.sample_id)
+
+    def add_context(self, token_ids: list[int]) -> None:
+        """Append prompt or environment tokens (not trained on)."""
+        self.token_ids += token_ids
+        self.logprobs += [0.0] * len(token_ids)
+        self.loss_mask += [False] * len(token_ids)
+        self.weight_versions += [-1] * len(token_ids)
+
+    def add_generated(self, token_ids: list[int], logprobs: list[float], versions: list[int]) -> None:
+        """Append one policy turn's tokens with their behaviour log-probs and weight versions."""
+        assert len(token_ids) == len(logprobs) == len(versions)
+        self.turn_offsets.append(len(self.token_ids))
+        self.token_ids += token_ids
+        self.logprobs += logprobs
+        self.loss_mask += [True] * len(token_ids)
+        self.weight_versions += versions
+
+
+def trajectory_id(step: int, group_id: int, sample_id: int) -> str:
+    return f"s{step}-g{group_id}-i{sample_id}"
+
+
+def to_batch(trajs: list[Trajectory], rewards: list[float] | None = None) -> pa.RecordBatch:
+    """Trajectories -> one RecordBatch of TRAJECTORY_SCHEMA. `rewards` defaults to NaN."""
+    if rewards is None:
+        rewards = [float("nan")] * len(trajs)
+    cols = {
+        "step": [t.step for t in trajs],
+        "group_id": [t.group_id for t in trajs],
+        "sample_id": [t.sample_id for t in trajs],
+        "trajectory_id": [t.trajectory_id for t in trajs],
+        "env": [t.env for t in trajs],
+        "env_seed": [t.env_seed for t in trajs],
+        "token_ids": [t.token_ids for t in trajs],
+        "logprobs": [t.logprobs for t in trajs],
+        "loss_mask": [t.loss_mask for t in trajs],
+        "weight_versions": [t.weight_versions for t in trajs],
+        "turn_offsets": [t.turn_offsets for t in trajs],
+        "num_turns": [len(t.turn_offsets) for t in trajs],
+        "env_reward": [t.env_reward for t in trajs],
+        "reward": rewards,
+        "finish_reason": [t.finish_reason for t in trajs],
+        "error": [t.error for t in trajs],
+        "worker": [t.worker for t in trajs],
+        "placement": [t.placement for t in trajs],
+        "rollout_s": [t.rollout_s for t in trajs],
+        "queue_s": [t.queue_s for t in trajs],
+    }
+    return pa.RecordBatch.from_pydict(cols, schema=TRAJECTORY_SCHEMA)
+
+
+def concat(batches: list[pa.RecordBatch]) -> pa.Table:
+    """Batches of TRAJECTORY_SCHEMA -> one Table (checks the schema)."""
+    for b in batches:
+        if not b.schema.equals(TRAJECTORY_SCHEMA, check_metadata=False):
+            raise ValueError(f"batch does not have the trajectory schema v{SCHEMA_VERSION}: {b.schema}")
+    return pa.Table.from_batches(batches, schema=TRAJECTORY_SCHEMA)
+
+
+def with_rewards(batch: pa.RecordBatch | pa.Table, rewards) -> pa.RecordBatch | pa.Table:
+    """Return `batch` with its reward column replaced (float32, one per row)."""
+    idx = batch.schema.get_field_index("reward")
+    return batch.set_column(idx, "reward", pa.array(np.asarray(rewards, dtype=np.float32)))
+
+
+def flat_tokens(table: pa.Table | pa.RecordBatch, column: str) -> tuple[np.ndarray, np.ndarray]:
+    """A list column -> (values (sum T,), offsets (rows+1,)) as numpy views without copying.
+
+    The values buffer is shared with Arrow when the column has one chunk and no nulls; torch
+    can wrap it with `torch.from_numpy` (zero-copy; the array is read-only).
+    """
+    col = table.column(column)
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+    offsets = col.offsets.to_numpy(zero_copy_only=True)
+    values = col.values
+    if pa.types.is_boolean(values.type):
+        return values.to_numpy(zero_copy_only=False), offsets  # bools are bit-packed in Arrow
+    return values.to_numpy(zero_copy_only=True), offsets

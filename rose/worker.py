@@ -1,0 +1,138 @@
+"""Worker side: `dask worker SCHED --preload rose.worker --rose-role {trainer,dedicated}`.
+
+The `RoseWorker` plugin holds a worker's long-lived state, built once per worker and reached from
+tasks with `rose_worker()`: on a rollout worker the vLLM engine, the loop thread that steps it and
+the tokenizer; on the trainer the policy model and its optimizer. Tasks stay ordinary Dask tasks.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass
+
+import click
+from distributed import get_worker
+from distributed.diagnostics.plugin import WorkerPlugin
+
+from rose.config import EngineConfig
+from rose.errors import ConfigError
+
+logger = logging.getLogger("rose.worker")
+
+PLUGIN_NAME = "rose"
+ROLES = ("trainer", "dedicated")  # the serving role comes with the co-serving executor
+ROLLOUT_ROLES = ("dedicated",)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What a worker needs to build its engine or trainer; sent by the driver once per run."""
+
+    model_dir: str  # Hugging Face directory readable on the worker
+    max_model_len: int
+    engine: EngineConfig
+    seed: int = 0
+
+
+class RoseWorker(WorkerPlugin):
+    name = PLUGIN_NAME
+    idempotent = True
+
+    def __init__(self, role: str, cores: tuple[int, ...] | None = None):
+        if role not in ROLES:
+            raise ConfigError(f"unknown ROSE worker role {role!r}; choose one of {list(ROLES)}")
+        self.role = role
+        self.cores = cores  # CPU cores this worker's compute is bound to (None: leave as is)
+        self.spec: ModelSpec | None = None
+        self.loop = None  # EngineLoop on rollout workers
+        self.tokenizer = None
+        self.trainer = None  # Trainer on the trainer worker
+        self._lock = threading.Lock()
+
+    def setup(self, worker):
+        self.worker = worker
+        self.address = worker.address
+        if self.cores:
+            try:
+                os.sched_setaffinity(0, set(self.cores))
+            except (AttributeError, OSError) as e:
+                logger.warning("cannot bind worker to cores %s: %s", self.cores, e)
+        # The first report rides in Worker.metrics: a preload runs before the worker connects.
+        worker.metrics["rose"] = lambda w: self.report()
+        logger.info("rose worker %s role=%s cores=%s", worker.address, self.role, self.cores)
+
+    def teardown(self, worker):
+        if self.loop is not None:
+            self.loop.close()
+
+    def report(self) -> dict:
+        return {"role": self.role,
+                "weight_version": self.loop.weight_version if self.loop else -1,
+                "model": self.spec.model_dir if self.spec else None}
+
+    # ---------------------------------------------------------------- built once per run
+    def prepare(self, spec: ModelSpec) -> dict:
+        """Build this worker's engine or trainer for `spec` (no-op if already built for it)."""
+        with self._lock:
+            if self.spec == spec:
+                return self.report()
+            if self.role in ROLLOUT_ROLES:
+                self._build_engine(spec)
+            elif self.role == "trainer":
+                self._build_trainer(spec)
+            self.spec = spec
+            return self.report()
+
+    def _build_engine(self, spec: ModelSpec) -> None:
+        from rose.runtime.engine.vllm_engine import VllmEngine, configure_vllm_env
+
+        configure_vllm_env(spec.engine, list(self.cores) if self.cores else None)
+        from transformers import AutoTokenizer
+
+        from rose.runtime.engine import EngineLoop
+
+        if self.loop is not None:
+            self.loop.close()
+        engine = VllmEngine(spec.model_dir, spec.engine, spec.max_model_len, seed=spec.seed)
+        self.tokenizer = AutoTokenizer.from_pretrained(spec.model_dir)
+        self.loop = EngineLoop(engine, name=f"rose-engine-{self.address}")
+
+    def _build_trainer(self, spec: ModelSpec) -> None:
+        import torch
+
+        from rose.runtime.trainer import Trainer
+
+        torch.set_num_threads(max(1, len(self.cores) if self.cores else 1))
+        self.trainer = Trainer(spec.model_dir, seed=spec.seed, temperature=spec.engine.temperature)
+
+
+def rose_worker() -> RoseWorker:
+    """The ROSE plugin of the worker running the current task."""
+    worker = get_worker()
+    try:
+        return worker.plugins[PLUGIN_NAME]
+    except KeyError:
+        raise RuntimeError(f"worker {worker.address} was not started with --preload rose.worker") from None
+
+
+def prepare_worker(spec: ModelSpec) -> dict:
+    """Task: build the current worker's engine or trainer."""
+    plugin = rose_worker()
+    return {"address": plugin.address, **plugin.prepare(spec)}
+
+
+def _parse_cores(value: str | None) -> tuple[int, ...] | None:
+    if not value:
+        return None
+    try:
+        return tuple(int(c) for c in value.split(","))
+    except ValueError:
+        raise click.BadParameter(f"--rose-cores must be comma-separated core ids, got {value!r}") from None
+
+
+@click.command()
+@click.option("--rose-role", type=click.Choice(ROLES), required=True, help="what this worker does in ROSE")
+@click.option("--rose-cores", default=None, help="comma-separated CPU cores to bind the engine/trainer to")
+async def dask_setup(worker, rose_role, rose_cores):
+    await worker.plugin_add(RoseWorker(role=rose_role, cores=_parse_cores(rose_cores)), name=PLUGIN_NAME)
