@@ -32,7 +32,12 @@ def check_model_dir(path: str) -> None:
     except Exception as e:  # unreadable or unknown model type
         raise ModelError(f"cannot read the model config in {path!r}: {e}", path=path) from None
     archs = getattr(cfg, "architectures", None) or []
-    causal = cfg.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or any(a.endswith("ForCausalLM") for a in archs)
+    # The checkpoint's own architectures decide when present (a BERT encoder has a causal-LM head class
+    # in transformers, but a BertModel checkpoint is not one); the model type decides otherwise.
+    if archs:
+        causal = any(a.endswith(("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")) for a in archs)
+    else:
+        causal = cfg.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
     if not causal:
         raise ModelError(f"{path!r} is not a causal language model (model_type={cfg.model_type!r}, "
                          f"architectures={archs})", path=path)

@@ -10,6 +10,7 @@ the policy's tokenizer and marks them `loss_mask=False`.
 """
 from __future__ import annotations
 
+import importlib
 import random
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -58,18 +59,24 @@ def register(cls: type) -> type:
     return cls
 
 
-def make_env(name: str, **kwargs) -> Env:
+def env_class(name: str) -> type:
+    """A registered name ("guess") or an import path to a user's class ("my_pkg.envs:MazeEnv")."""
     from rose.errors import ConfigError
 
     _load_builtin()
-    if name not in _REGISTRY:
-        raise ConfigError(f"unknown environment {name!r}; known: {sorted(_REGISTRY)}")
-    return _REGISTRY[name](**kwargs)
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    if ":" in name:
+        module, _, attr = name.partition(":")
+        try:
+            return getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as e:
+            raise ConfigError(f"cannot import environment {name!r}: {e}") from None
+    raise ConfigError(f"unknown environment {name!r}; known: {sorted(_REGISTRY)} or 'module:Class'")
 
 
-def env_class(name: str) -> type:
-    make_env(name)  # raises on unknown names
-    return _REGISTRY[name]
+def make_env(name: str, **kwargs) -> Env:
+    return env_class(name)(**kwargs)
 
 
 def _load_builtin() -> None:

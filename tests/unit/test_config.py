@@ -1,0 +1,27 @@
+import pytest
+
+from rose.config import ClusterConfig, EngineConfig, GRPOConfig, ModelConfig
+from rose.errors import ConfigError
+from rose.pipeline import Pipeline
+
+
+@pytest.mark.parametrize("make, field", [
+    (lambda: ModelConfig(hidden_size=64, num_heads=4), "hidden_size"),
+    (lambda: ModelConfig(num_heads=3), "num_heads"),
+    (lambda: EngineConfig(dtype="int8"), "dtype"),
+    (lambda: EngineConfig(temperature=0), "temperature"),
+    (lambda: EngineConfig(kv_cache_gib=float("nan")), "kv_cache_gib"),
+    (lambda: GRPOConfig(clip=1.5), "clip"),
+    (lambda: GRPOConfig(tis_cap=0.5), "tis_cap"),
+    (lambda: ClusterConfig(num_dedicated=0), "num_dedicated"),
+])
+def test_bad_values_name_the_field(make, field):
+    with pytest.raises(ConfigError, match=field):
+        make()
+
+
+def test_pipeline_checks_env_and_build():
+    with pytest.raises(ConfigError, match="unknown environment"):
+        Pipeline(name="x", env="nope", build=lambda s: None)
+    with pytest.raises(ConfigError, match="build"):
+        Pipeline(name="x", env="guess", build=None)
