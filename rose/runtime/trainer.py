@@ -57,8 +57,8 @@ class Trainer:
             self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=0.0)
         ok = table.filter(pc.not_equal(table["finish_reason"], "failed"))
         metrics = {"trained_trajectories": ok.num_rows}
-        if ok.num_rows == 0:
-            return metrics | {"train_s": time.perf_counter() - t0}
+        if ok.num_rows == 0:  # every trajectory failed: nothing to learn, the version stays
+            return metrics | {"train_s": time.perf_counter() - t0, "weight_version": self.version}
         ids = _pad(*flat_tokens(ok, "token_ids"), self.pad_id, torch.long)
         mask = _pad(*flat_tokens(ok, "loss_mask"), False, torch.bool).float()
         behav = _pad(*flat_tokens(ok, "logprobs"), 0.0, torch.float32)

@@ -60,7 +60,8 @@ def test_two_steps_of_each_pipeline(cluster, path):
 
 
 def test_environment_failure_is_recorded_and_the_step_goes_on(cluster):
-    p = small_pipeline("tests.helpers.envs:RaisingEnv", model_env="guess", groups=4, group_size=2, steps=1)
+    # 8 groups: environment seeds of both parities (odd ones raise)
+    p = small_pipeline("tests.helpers.envs:RaisingEnv", model_env="guess", groups=8, group_size=2, steps=1)
     report = rose.run(p, cluster=cluster, progress=False)
     t = report.trajectories.to_pylist()
     failed = [r for r in t if r["finish_reason"] == "failed"]
