@@ -74,11 +74,14 @@ def run_direct(model_dir, engine_cfg, max_len, rounds, n, seed):
     return sum(tokens) / sum(times), sum(tokens), sum(times)
 
 
-def run_rose(pipeline_model, model_dir, engine_cfg, max_len, rounds, n, seed):
-    from distributed import Client
+def run_rose(model_dir, engine_cfg, max_len, rounds, n, seed):
+    """ROSE's own path: a step graph (prompts -> rollout) lowered and submitted as the runner does."""
+    from distributed import Client, wait
 
     from rose.config import ClusterConfig
-    from rose.ops.rollout import run_rollout
+    from rose.graph import Graph, LowerContext, lower
+    from rose.graph.submit import submit
+    from rose.runner import _roles
     from rose.runtime.cluster import LocalRoseCluster
     from rose.runtime.trajectory import concat
     from rose.worker import ModelSpec, prepare_worker
@@ -87,24 +90,27 @@ def run_rose(pipeline_model, model_dir, engine_cfg, max_len, rounds, n, seed):
     cores = (CORE, (CORE + 1) % ncores) if ncores > 1 else (CORE,)
     with LocalRoseCluster(ClusterConfig(num_dedicated=1, cores=cores), engine_cfg) as cluster, \
             Client(cluster) as client:
-        roles = client.run(lambda dask_worker: dask_worker.plugins["rose"].role)
-        dedicated = [a for a, r in roles.items() if r == "dedicated"]
+        roles = _roles(client)
         spec = ModelSpec(model_dir, max_len, engine_cfg, seed)
-        client.submit(prepare_worker, spec, workers=dedicated, pure=False).result()
+        client.submit(prepare_worker, spec, workers=roles["dedicated"], pure=False).result()
         times, tokens = [], []
         for r in range(rounds + 1):
-            specs = episodes(r, n, seed)
+            g = Graph("bench")
+            specs = g.add("prompts", "prompts", env="guess", num_groups=n // 8, group_size=8)
+            g.add("rollout", "rollout", inputs={"specs": specs.out("specs")})
+            low = lower(g, LowerContext(step=r, weight_version=0, graph="bench", seed=seed))
             t0 = time.perf_counter()
-            futs = [client.submit(run_rollout, s, key=f"bench-{s.trajectory_id}", workers=dedicated, pure=False)
-                    for s in specs]
-            table = concat(client.gather(futs))
+            futures = submit(client, low.tasks, roles)
+            outs = [futures[k] for k in low.keys_of("rollout", "trajectories")]
+            wait(outs)
+            table = concat(client.gather(outs))
             dt = time.perf_counter() - t0
             gen = sum(sum(m) for m in table["loss_mask"].to_pylist())
-            assert table.num_rows == len(specs)
+            assert table.num_rows == n
             if r > 0:
                 times.append(dt)
                 tokens.append(gen)
-            del futs
+            del futures, outs
     return sum(tokens) / sum(times), sum(tokens), sum(times)
 
 
@@ -130,8 +136,7 @@ def main():
     direct_tok_s, direct_tokens, direct_s = run_direct(model_dir, engine_cfg, model_cfg.max_model_len, rounds, n,
                                                        args.seed)
     os.sched_setaffinity(0, set(range(os.cpu_count())))
-    rose_tok_s, rose_tokens, rose_s = run_rose(model_cfg, model_dir, engine_cfg, model_cfg.max_model_len, rounds, n,
-                                               args.seed)
+    rose_tok_s, rose_tokens, rose_s = run_rose(model_dir, engine_cfg, model_cfg.max_model_len, rounds, n, args.seed)
     ratio = rose_tok_s / direct_tok_s
     print(f"\nrollout overhead: {n} guess episodes x {rounds} timed rounds, engine on core {CORE}")
     print(f"{'path':<8}{'tokens':>10}{'seconds':>10}{'tok/s':>10}")

@@ -59,6 +59,8 @@ class RoseWorker(WorkerPlugin):
         self.worker = worker
         self.address = worker.address
         if self.cores:
+            # Bind the whole process: its Python threads (rollout tasks, Dask comms) then stay off the
+            # cores of the other workers on this host, as its engine's kernels do.
             try:
                 os.sched_setaffinity(0, set(self.cores))
             except (AttributeError, OSError) as e:
@@ -108,9 +110,9 @@ class RoseWorker(WorkerPlugin):
         if self._engines:
             logger.warning("worker %s builds engine #%d (model %s); earlier engines stay in memory",
                            self.address, len(self._engines) + 1, spec.model_dir)
-        engine = VllmEngine(spec.model_dir, spec.engine, spec.max_model_len, seed=spec.seed)
         self.tokenizer = AutoTokenizer.from_pretrained(spec.model_dir)
-        self.loop = EngineLoop(engine, name=f"rose-engine-{self.address}")
+        self.loop = EngineLoop(lambda: VllmEngine(spec.model_dir, spec.engine, spec.max_model_len, seed=spec.seed),
+                               name=f"rose-engine-{self.address}", cores=self.cores)
 
     def _build_trainer(self, spec: ModelSpec) -> None:
         import torch

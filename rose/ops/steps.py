@@ -63,8 +63,10 @@ class RolloutOp(Op):
         tasks, outs = [], []
         for spec in inputs["specs"]:
             key = task_key(ctx, node, spec.trajectory_id)
+            # The key carries the trajectory id; annotations are per node, so a step's rollouts
+            # travel to the scheduler as one batch.
             tasks.append(TaskSpec(key, run_rollout, (spec,), role="dedicated", retries=node.params.get("retries", 2),
-                                  annotations={"rose-role": "rollout", "trajectory_id": spec.trajectory_id}))
+                                  annotations={"rose-role": "rollout"}))
             outs.append(Ref(key))
         return tasks, {"trajectories": outs}
 

@@ -99,8 +99,9 @@ def test_lowering_fans_out_and_annotates():
     low = lower(g, ctx)
     rollouts = [t for t in low.tasks if "-rollout-" in t.key]
     assert len(rollouts) == 6
-    ids = [t.annotations["trajectory_id"] for t in rollouts]
+    ids = [t.args[0].trajectory_id for t in rollouts]
     assert len(set(ids)) == 6 and "s4-g2-i1" in ids
+    assert all(t.key.endswith(t.args[0].trajectory_id) for t in rollouts)
     assert all(t.annotations["step"] == 4 for t in low.tasks)
     # rollouts run on version 4; the sync tasks install the version the train step makes
     assert all(t.annotations["weight_version"] == (5 if "-sync-" in t.key else 4) for t in low.tasks)

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Callable
 
 from rose.errors import EngineError
 from rose.runtime.engine.base import Engine, SamplingSpec
@@ -43,8 +45,14 @@ class _Pending:
 class EngineLoop:
     """Steps `engine` on a daemon thread. Thread-safe: call from any thread."""
 
-    def __init__(self, engine: Engine, name: str = "rose-engine-loop"):
-        self.engine = engine
+    def __init__(self, engine: Engine | Callable[[], Engine], name: str = "rose-engine-loop",
+                 cores: tuple[int, ...] | None = None):
+        """`engine` is an Engine, or a function that builds one: then it is built on the loop thread,
+        so that the engine's per-thread settings (vLLM's CPU thread binding, OpenMP thread count)
+        apply to the thread that runs its kernels."""
+        self.engine: Engine | None = None if callable(engine) and not hasattr(engine, "step") else engine
+        self._factory = engine if self.engine is None else None
+        self.cores = cores  # bind the loop thread (the one that runs the engine's kernels) to these
         self._cv = threading.Condition()
         self._commands: list = []  # (kind, payload, future), drained by the loop thread
         self._pending: dict[str, _Pending] = {}  # owned by the loop thread
@@ -54,8 +62,13 @@ class EngineLoop:
         self.iterations = 0
         self.generated_tokens = 0
         self.busy_s = 0.0  # seconds spent inside engine.step()
+        self._ready = threading.Event()
+        self._start_error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
+        self._ready.wait()
+        if self._start_error is not None:
+            raise self._start_error
 
     # ---------------------------------------------------------------- public API (any thread)
     def generate(self, prompt_token_ids: list[int], spec: SamplingSpec, request_id: str | None = None,
@@ -89,6 +102,21 @@ class EngineLoop:
         return fut
 
     def _run(self) -> None:
+        if self.cores:
+            # Thread-level binding (Linux): the engine's compute stays on its cores while the worker's
+            # Python threads (rollout tasks, Dask comms) may run elsewhere.
+            try:
+                os.sched_setaffinity(threading.get_native_id(), set(self.cores))
+            except (AttributeError, OSError) as e:
+                logger.warning("cannot bind the engine loop to cores %s: %s", self.cores, e)
+        try:
+            if self._factory is not None:
+                self.engine = self._factory()
+        except BaseException as e:  # surfaces in __init__
+            self._start_error = e
+            return
+        finally:
+            self._ready.set()
         while True:
             with self._cv:
                 while not self._commands and not self._pending and not self._closed:
