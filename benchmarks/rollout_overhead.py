@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -120,6 +121,7 @@ def main():
     ap.add_argument("--trajectories", type=int, default=None, help="episodes per round (multiple of 8)")
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--direct-only", action="store_true", help=argparse.SUPPRESS)  # internal: the baseline's process
     args = ap.parse_args()
     n = args.trajectories or (64 if args.quick else 256)
     rounds = args.rounds or (2 if args.quick else 4)
@@ -131,11 +133,17 @@ def main():
     model_cfg = ModelConfig()
     engine_cfg = EngineConfig()
     model_dir = prepare_model(model_cfg, "guess", seed=args.seed)
-    configure_vllm_env(engine_cfg, [CORE])
-    os.sched_setaffinity(0, {CORE})
-    direct_tok_s, direct_tokens, direct_s = run_direct(model_dir, engine_cfg, model_cfg.max_model_len, rounds, n,
-                                                       args.seed)
-    os.sched_setaffinity(0, set(range(os.cpu_count())))
+    if args.direct_only:
+        configure_vllm_env(engine_cfg, [CORE])
+        os.sched_setaffinity(0, {CORE})
+        print(json.dumps(run_direct(model_dir, engine_cfg, model_cfg.max_model_len, rounds, n, args.seed)))
+        return
+    # The baseline runs in its own process, so neither path inherits the other's engine, threads or
+    # environment (vLLM edits LD_PRELOAD at import, which worker processes would inherit).
+    cmd = [sys.executable, os.path.abspath(__file__), "--direct-only", "--trajectories", str(n), "--rounds",
+           str(rounds), "--seed", str(args.seed)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    direct_tok_s, direct_tokens, direct_s = json.loads(out.strip().splitlines()[-1])
     rose_tok_s, rose_tokens, rose_s = run_rose(model_dir, engine_cfg, model_cfg.max_model_len, rounds, n, args.seed)
     ratio = rose_tok_s / direct_tok_s
     print(f"\nrollout overhead: {n} guess episodes x {rounds} timed rounds, engine on core {CORE}")

@@ -28,7 +28,7 @@ from rose.worker import PLUGIN_NAME, ROLLOUT_ROLES, ModelSpec, prepare_worker
 logger = logging.getLogger("rose.run")
 
 STEP_COLUMNS = ["step", "weight_version", "reward_mean", "reward_std", "trajectories", "failed", "tokens",
-                "rollout_s", "train_s", "sync_s", "rollout_tok_s", "logprob_mismatch", "loss"]
+                "rollout_s", "train_s", "trainer_compute_s", "sync_s", "rollout_tok_s", "logprob_mismatch", "loss"]
 
 
 def _roles(client: Client) -> dict[str, list[str]]:
@@ -168,7 +168,8 @@ def _step_row(step, version, table, metrics, rollout_s, train_s, sync_s) -> dict
             "reward_mean": float(np.mean(rewards[ok])) if ok.any() else float("nan"),
             "reward_std": float(np.std(rewards[ok])) if ok.any() else float("nan"),
             "trajectories": table.num_rows, "failed": int((~ok).sum()), "tokens": tokens,
-            "rollout_s": rollout_s, "train_s": train_s, "sync_s": sync_s,
+            "rollout_s": rollout_s, "train_s": train_s, "trainer_compute_s": metrics.get("train_s", float("nan")),
+            "sync_s": sync_s,
             "rollout_tok_s": tokens / rollout_s if rollout_s > 0 else float("nan"),
             "logprob_mismatch": metrics.get("logprob_mismatch", float("nan")),
             "loss": metrics.get("loss", float("nan"))}
