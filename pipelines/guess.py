@@ -11,7 +11,7 @@ from rose.graph import Graph
 ENV = "guess"  # environment (rose/ops/envs/guess.py)
 NUM_GROUPS = 16  # environment seeds per step (GRPO groups)
 GROUP_SIZE = 8  # samples per seed
-STEPS = 60  # RL steps by default
+STEPS = 100  # RL steps by default
 SEED = 0
 MODEL = rose.ModelConfig()  # path=None: build and warm-start the tiny local model
 ENGINE = rose.EngineConfig(temperature=1.0, kv_cache_gib=0.5)

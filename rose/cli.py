@@ -47,9 +47,16 @@ def run_cmd(pipeline, steps, seed, out, scheduler, as_json):
             tqdm.write("  ".join(c.rjust(w) for c, w in zip(cols, widths)))
         tqdm.write("  ".join(_fmt(row[c]).rjust(w) for c, w in zip(cols, widths)))
 
+    from rose.errors import RunError
+
     try:
         p = rose.load_pipeline(pipeline)
         report = rose.run(p, cluster=scheduler, steps=steps, seed=seed, on_step=on_step)
+    except RunError as e:
+        if e.report is not None and len(e.report.metrics):
+            paths = e.report.save(out or os.path.join("runs", p.name))
+            click.echo(f"saved the {len(e.report.metrics)} finished steps: {', '.join(paths.values())}", err=True)
+        raise click.ClickException(str(e)) from None
     except RoseError as e:
         raise click.ClickException(str(e)) from None
     out = out or os.path.join("runs", p.name)

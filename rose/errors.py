@@ -52,6 +52,12 @@ class PromptTooLongError(TrajectoryError):
     """A prompt (or prompt + tokens so far) does not fit the model's context."""
 
 
+class RunError(RoseError):
+    """A run stopped at a step; `.report` holds the steps that finished (set by rose.run)."""
+
+    report = None
+
+
 class EngineError(RoseError):
     """The inference engine refused a request or failed."""
 

@@ -17,7 +17,7 @@ import pandas as pd
 import pyarrow as pa
 from distributed import Client, wait
 
-from rose.errors import ConfigError, GraphError
+from rose.errors import ConfigError, GraphError, RunError
 from rose.graph import LowerContext, lower
 from rose.graph.submit import submit
 from rose.pipeline import Pipeline, load_pipeline
@@ -72,7 +72,8 @@ def run(pipeline: Pipeline | str, cluster=None, steps: int | None = None, seed: 
 
     from rose.models import prepare_model
 
-    model_dir = prepare_model(pipeline.model, pipeline.env, seed=pipeline.seed, progress=progress)
+    # The warm start does not depend on the run seed: every seed starts from the same cached model.
+    model_dir = prepare_model(pipeline.model, pipeline.env, progress=progress)
     spec = ModelSpec(model_dir, pipeline.model.max_model_len, pipeline.engine, pipeline.seed)
 
     owned = []
@@ -113,17 +114,43 @@ def _run(pipeline, client, spec, steps, progress, on_step) -> Report:
     seen: collections.Counter = collections.Counter()
     expected: set[str] = set()
     version = 0
+
+    def report() -> Report:
+        trajectories = pa.concat_tables(tables) if tables else TRAJECTORY_SCHEMA.empty_table()
+        lost = len(expected - set(seen))
+        duplicated = sum(1 for c in seen.values() if c > 1)
+        return Report(pipeline.name, pd.DataFrame(rows, columns=STEP_COLUMNS), trajectories, lost, duplicated)
+
     bar = tqdm(range(steps), desc=pipeline.name, disable=not progress, unit="step")
     for step in bar:
-        graph = pipeline.build(step)
-        ctx = LowerContext(step, version, graph.name, tuple(rollout_workers), pipeline.seed,
-                           pipeline.engine.temperature, pipeline.engine.top_p)
-        lowered = lower(graph, ctx)
-        rollout, reward, train = (_one_node(graph, op) for op in ("rollout", "reward", "train"))
-        sync = _one_node(graph, "sync")
-        expected |= {s.trajectory_id for s in lowered.outputs[(_prompts_of(graph, rollout), "specs")]}
-        futures = submit(client, lowered.tasks, roles)
+        try:
+            row, table, ids = _run_step(pipeline, client, roles, rollout_workers, step, version)
+        except Exception as e:
+            # Keep what the finished steps produced: the caller (and `rose run`) can save it.
+            err = RunError(f"step {step} failed: {type(e).__name__}: {e}", step=step, weight_version=version)
+            err.report = report()
+            raise err from e
+        expected |= ids
+        version = row["weight_version"]
+        tables.append(table)
+        seen.update(table["trajectory_id"].to_pylist())
+        rows.append(row)
+        bar.set_postfix(reward=f"{row['reward_mean']:.3f}", failed=row["failed"])
+        if on_step:
+            on_step(row)
+    return report()
 
+
+def _run_step(pipeline, client, roles, rollout_workers, step, version):
+    """One synchronous RL step; returns (metrics row, trajectory table, trajectory ids asked for)."""
+    graph = pipeline.build(step)
+    ctx = LowerContext(step, version, graph.name, tuple(rollout_workers), pipeline.seed,
+                       pipeline.engine.temperature, pipeline.engine.top_p)
+    lowered = lower(graph, ctx)
+    rollout, reward, train, sync = (_one_node(graph, op) for op in ("rollout", "reward", "train", "sync"))
+    ids = {s.trajectory_id for s in lowered.outputs[(rollout.inputs["specs"].node, "specs")]}
+    futures = submit(client, lowered.tasks, roles)
+    try:
         t_step = time.perf_counter()
         wait([futures[k] for k in lowered.keys_of(rollout.name, "trajectories")])
         rollout_s = time.perf_counter() - t_step
@@ -132,30 +159,15 @@ def _run(pipeline, client, spec, steps, progress, on_step) -> Report:
         train_s = time.perf_counter() - t_step - rollout_s
         status = client.gather([futures[k] for k in lowered.keys_of(sync.name, "status")])
         sync_s = time.perf_counter() - t_step - rollout_s - train_s
+    finally:
         for f in futures.values():
             f.release()
-        new_versions = {s["weight_version"] for s in status}
-        if new_versions != {metrics["weight_version"]}:
-            raise RuntimeError(f"step {step}: engines hold versions {new_versions}, trainer {metrics['weight_version']}")
-        version = metrics["weight_version"]
-
-        table = concat(batches)
-        tables.append(table)
-        seen.update(table["trajectory_id"].to_pylist())
-        row = _step_row(step, version, table, metrics, rollout_s, train_s, sync_s)
-        rows.append(row)
-        bar.set_postfix(reward=f"{row['reward_mean']:.3f}", failed=row["failed"])
-        if on_step:
-            on_step(row)
-
-    trajectories = pa.concat_tables(tables) if tables else TRAJECTORY_SCHEMA.empty_table()
-    lost = len(expected - set(seen))
-    duplicated = sum(1 for c in seen.values() if c > 1)
-    return Report(pipeline.name, pd.DataFrame(rows, columns=STEP_COLUMNS), trajectories, lost, duplicated)
-
-
-def _prompts_of(graph, rollout_node) -> str:
-    return rollout_node.inputs["specs"].node
+    new_versions = {s["weight_version"] for s in status}
+    if new_versions != {metrics["weight_version"]}:
+        raise RunError(f"engines hold weight versions {sorted(new_versions)} after sync, the trainer "
+                       f"{metrics['weight_version']}", step=step)
+    table = concat(batches)
+    return _step_row(step, metrics["weight_version"], table, metrics, rollout_s, train_s, sync_s), table, ids
 
 
 def _step_row(step, version, table, metrics, rollout_s, train_s, sync_s) -> dict:

@@ -43,9 +43,6 @@ def _worker_spec(role: str, cores: tuple[int, ...], nthreads: int, engine: Engin
             "preload": ["rose.worker"],
             "preload_argv": ["--rose-role", role, "--rose-cores", ",".join(map(str, cores))],
             "silence_logs": logging.WARNING,
-            # Dask's statistical profiler samples every thread's stack every 10 ms while holding the
-            # GIL; a rollout worker has a hundred waiting task threads and one busy engine thread.
-            "config": {"distributed.worker.profile.enabled": False},
         },
     }
 

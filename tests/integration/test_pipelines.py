@@ -82,6 +82,26 @@ def test_prompt_longer_than_context_fails_that_trajectory_only(cluster):
     assert ok.summary["failed"] == 0
 
 
+def test_non_finite_reward_stops_the_run_naming_the_trajectory_and_keeps_finished_steps(cluster):
+    from rose.errors import RunError
+    from tests.helpers.rewards import nan_for_sample_one
+
+    calls = {"n": 0}
+
+    def build(step):
+        calls["n"] += 1
+        # step 0 scores normally; step 1 uses the broken reward function
+        return small_pipeline("guess", groups=1, group_size=2,
+                              reward_fn=nan_for_sample_one if step == 1 else None).build(step)
+
+    p = rose.Pipeline(name="nan-reward", env="guess", build=build, steps=2)
+    with pytest.raises(RunError, match=r"step 1 failed: RewardError.*returned nan for trajectory s1-g0-i1") as info:
+        rose.run(p, cluster=cluster, progress=False)
+    partial = info.value.report
+    assert partial.metrics["step"].tolist() == [0]  # the finished step is kept
+    assert partial.trajectories.num_rows == 2
+
+
 def test_malformed_graph_fails_before_any_work(cluster):
     def build(step):
         g = small_pipeline("guess").build(step)
