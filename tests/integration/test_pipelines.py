@@ -59,6 +59,18 @@ def test_two_steps_of_each_pipeline(cluster, path):
         assert tool_tokens and not any(m for _, m in tool_tokens)
 
 
+def test_a_second_run_starts_from_the_checkpoint_not_the_last_sync(cluster):
+    # Each run resets the kept engine to the checkpoint: after a trained run, the next run's first
+    # step must sample from exactly the weights the trainer starts from.
+    p = small_pipeline("guess", groups=2, group_size=4, steps=2)
+    rose.run(p, cluster=cluster, progress=False)
+    again = rose.run(p, cluster=cluster, progress=False)
+    first = again.metrics["logprob_mismatch"].iloc[0]
+    assert first < LOGPROB_TOLERANCE, again.metrics["logprob_mismatch"].tolist()
+    row = again.trajectories.to_pylist()[0]
+    assert {v for v, m in zip(row["weight_versions"], row["loss_mask"]) if m} == {0}
+
+
 def test_environment_failure_is_recorded_and_the_step_goes_on(cluster):
     # 8 groups: environment seeds of both parities (odd ones raise)
     p = small_pipeline("tests.helpers.envs:RaisingEnv", model_env="guess", groups=8, group_size=2, steps=1)

@@ -91,3 +91,24 @@ def test_prompt_too_long_is_a_clear_per_trajectory_error(loop_and_tok):
     # the engine still serves the next trajectory
     ok = agent_loop(RolloutSpec(0, 0, 8, "scripted", env_seed=1), ScriptedEnv(), loop, tok, max_model_len=64)
     assert ok.finish_reason == "done"
+
+
+def test_an_engine_error_fails_that_request_only():
+    from rose.errors import EngineError
+    from rose.runtime.engine.base import EngineOutput
+
+    class FlakyEngine(FakeEngine):
+        def step(self):
+            outs = super().step()
+            return [EngineOutput(o.request_id, [], [], True, "abort", error="log-probs missing")
+                    if o.request_id.startswith("bad") else o for o in outs]
+
+    loop = EngineLoop(FlakyEngine(vocab_size=16, max_model_len=32))
+    try:
+        bad = loop.generate([1], SamplingSpec(max_tokens=2), request_id="bad")
+        good = loop.generate([1], SamplingSpec(max_tokens=2), request_id="good")
+        with pytest.raises(EngineError, match="log-probs missing"):
+            bad.result(timeout=5)
+        assert len(good.result(timeout=5).token_ids) == 2
+    finally:
+        loop.close()

@@ -29,6 +29,7 @@ class EngineOutput:
     logprobs: list[float]  # log-prob of each new token under the behaviour policy
     finished: bool
     finish_reason: str | None  # "stop" | "length" | "abort" | None while running
+    error: str | None = None  # the engine failed this request (finished is then True)
 
 
 @runtime_checkable

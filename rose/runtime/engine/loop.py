@@ -164,6 +164,10 @@ class EngineLoop:
             p = self._pending.get(out.request_id)
             if p is None:
                 continue
+            if out.error is not None:
+                del self._pending[out.request_id]
+                p.future.set_exception(EngineError(out.error, request_id=out.request_id))
+                continue
             g = p.gen
             if out.token_ids and not g.token_ids:
                 g.queue_s = now - p.t_submit
