@@ -103,8 +103,8 @@ class EngineLoop:
 
     def _run(self) -> None:
         if self.cores:
-            # Thread-level binding (Linux): the engine's compute stays on its cores while the worker's
-            # Python threads (rollout tasks, Dask comms) may run elsewhere.
+            # Thread-level binding (Linux): the engine's kernels stay on its cores even where the
+            # process as a whole is not bound (the ROSE worker binds its whole process as well).
             try:
                 os.sched_setaffinity(threading.get_native_id(), set(self.cores))
             except (AttributeError, OSError) as e:
