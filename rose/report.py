@@ -40,9 +40,10 @@ class Report:
 
         m = self.metrics
         fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-        ax1.plot(m["step"], m["reward_mean"], marker="o", ms=3, label="mean reward")
-        ax1.fill_between(m["step"], m["reward_mean"] - m["reward_std"], m["reward_mean"] + m["reward_std"],
-                         alpha=0.2, label="± std")
+        # Per-trajectory rewards spread widely (a std band would hide the trend): show each step's
+        # mean and a 10-step moving average.
+        ax1.plot(m["step"], m["reward_mean"], marker="o", ms=2, lw=0.8, alpha=0.6, label="mean reward")
+        ax1.plot(m["step"], m["reward_mean"].rolling(10, min_periods=1).mean(), lw=2.2, label="10-step average")
         ax1.set_xlabel("step")
         ax1.set_ylabel("reward")
         ax1.set_title(f"{self.pipeline}: reward")
