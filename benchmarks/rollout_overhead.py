@@ -4,8 +4,9 @@ Same episodes (guess env, same seeds, same per-turn sampling seeds, temperature 
 - rose:   one Dask task per trajectory on a LocalRoseCluster dedicated worker (agent loop, engine loop
           thread, Arrow record batches back to the driver);
 - direct: vLLM's `LLM.generate` in this process, all live episodes batched per turn, envs stepped here.
-Both engines are bound to the same single core, with the same engine settings. Throughput is generated
-tokens per wall second over timed rounds after one warm-up round.
+Both engines are bound to the same single core, with the same engine settings, and both stay up for
+the whole run; rounds alternate between the two paths. Throughput is generated tokens per wall second
+over the timed rounds after one warm-up round.
 
     python benchmarks/rollout_overhead.py [--quick]
 """
@@ -17,6 +18,8 @@ import os
 import subprocess
 import sys
 import time
+
+from tqdm import tqdm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -33,7 +36,9 @@ def episodes(step: int, n: int, seed: int):
     return low.outputs[("prompts", "specs")]
 
 
-def run_direct(model_dir, engine_cfg, max_len, rounds, n, seed):
+def serve_direct(model_dir, engine_cfg, max_len, n, seed):
+    """Baseline process: build the engine, then run one round per line `ROUND r` read from stdin,
+    answering each with a JSON line [tokens, seconds]."""
     from transformers import AutoTokenizer
     from vllm import LLM, SamplingParams
 
@@ -43,8 +48,9 @@ def run_direct(model_dir, engine_cfg, max_len, rounds, n, seed):
               max_num_seqs=engine_cfg.max_num_seqs, seed=seed, enable_prefix_caching=True)
     tok = AutoTokenizer.from_pretrained(model_dir)
     stops = [tok.convert_tokens_to_ids("\n"), tok.eos_token_id]
-    times, tokens = [], []
-    for r in range(rounds + 1):  # round 0 warms up
+    print("READY", flush=True)
+    for line in sys.stdin:
+        r = int(line.split()[1])
         specs = episodes(r, n, seed)
         envs = [make_env(s.env) for s in specs]
         ctx = [[tok.bos_token_id] + tok(e.reset(s.env_seed), add_special_tokens=False)["input_ids"]
@@ -68,15 +74,41 @@ def run_direct(model_dir, engine_cfg, max_len, rounds, n, seed):
                 if not res.done and turn + 1 < envs[i].max_turns:
                     still.append(i)
             alive = still
-        if r > 0:
-            times.append(time.perf_counter() - t0)
-            tokens.append(gen_tokens)
-    del llm
-    return sum(tokens) / sum(times), sum(tokens), sum(times)
+        print(json.dumps([gen_tokens, time.perf_counter() - t0]), flush=True)
 
 
-def run_rose(model_dir, engine_cfg, max_len, rounds, n, seed):
-    """ROSE's own path: a step graph (prompts -> rollout) lowered and submitted as the runner does."""
+class DirectBaseline:
+    """The baseline's process, driven round by round from here."""
+
+    def __init__(self, n, seed):
+        cmd = [sys.executable, os.path.abspath(__file__), "--direct-only", "--trajectories", str(n), "--seed", str(seed)]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self._read("READY")
+
+    def _read(self, expect=None):
+        for line in self.proc.stdout:
+            line = line.strip()
+            if expect is not None and line == expect:
+                return line
+            if expect is None and line.startswith("["):
+                return json.loads(line)
+        raise RuntimeError(f"the direct baseline exited (code {self.proc.wait()})")
+
+    def round(self, r):
+        self.proc.stdin.write(f"ROUND {r}\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
+def run_both(model_dir, engine_cfg, max_len, rounds, n, seed):
+    """Alternate rounds: direct round r, then ROSE round r (the same episodes), so that both paths see
+    the same machine: on a shared host, throughput drifts by tens of percent from minute to minute.
+    ROSE's round is its own path: a step graph (prompts -> rollout) lowered and submitted as the
+    runner does. Returns [(direct_tokens, direct_s, rose_tokens, rose_s)] per timed round."""
     from distributed import Client, wait
 
     from rose.config import ClusterConfig
@@ -89,30 +121,35 @@ def run_rose(model_dir, engine_cfg, max_len, rounds, n, seed):
 
     ncores = len(os.sched_getaffinity(0))
     cores = (CORE, (CORE + 1) % ncores) if ncores > 1 else (CORE,)
-    with LocalRoseCluster(ClusterConfig(num_dedicated=1, cores=cores), engine_cfg) as cluster, \
-            Client(cluster) as client:
-        roles = _roles(client)
-        spec = ModelSpec(model_dir, max_len, engine_cfg, seed)
-        client.submit(prepare_worker, spec, workers=roles["dedicated"], pure=False).result()
-        times, tokens = [], []
-        for r in range(rounds + 1):
-            g = Graph("bench")
-            specs = g.add("prompts", "prompts", env="guess", num_groups=n // 8, group_size=8)
-            g.add("rollout", "rollout", inputs={"specs": specs.out("specs")})
-            low = lower(g, LowerContext(step=r, weight_version=0, graph="bench", seed=seed))
-            t0 = time.perf_counter()
-            futures = submit(client, low.tasks, roles)
-            outs = [futures[k] for k in low.keys_of("rollout", "trajectories")]
-            wait(outs)
-            table = concat(client.gather(outs))
-            dt = time.perf_counter() - t0
-            gen = sum(sum(m) for m in table["loss_mask"].to_pylist())
-            assert table.num_rows == n
-            if r > 0:
-                times.append(dt)
-                tokens.append(gen)
-            del futures, outs
-    return sum(tokens) / sum(times), sum(tokens), sum(times)
+    direct = DirectBaseline(n, seed)
+    try:
+        with LocalRoseCluster(ClusterConfig(num_dedicated=1, cores=cores), engine_cfg) as cluster, \
+                Client(cluster) as client:
+            roles = _roles(client)
+            spec = ModelSpec(model_dir, max_len, engine_cfg, seed)
+            client.submit(prepare_worker, spec, workers=roles["dedicated"], pure=False).result()
+            results = []
+            for r in tqdm(range(rounds + 1), desc="rounds (direct, rose)"):  # round 0 warms both up
+                d_tokens, d_s = direct.round(r)
+                g = Graph("bench")
+                specs = g.add("prompts", "prompts", env="guess", num_groups=n // 8, group_size=8)
+                g.add("rollout", "rollout", inputs={"specs": specs.out("specs")})
+                low = lower(g, LowerContext(step=r, weight_version=0, graph="bench", seed=seed))
+                t0 = time.perf_counter()
+                futures = submit(client, low.tasks, roles)
+                outs = [futures[k] for k in low.keys_of("rollout", "trajectories")]
+                wait(outs)
+                table = concat(client.gather(outs))
+                r_s = time.perf_counter() - t0
+                r_tokens = sum(sum(m) for m in table["loss_mask"].to_pylist())
+                if table.num_rows != n:
+                    raise RuntimeError(f"round {r}: {table.num_rows} trajectories back, expected {n}")
+                if r > 0:
+                    results.append((d_tokens, d_s, r_tokens, r_s))
+                del futures, outs
+    finally:
+        direct.close()
+    return results
 
 
 def main():
@@ -124,7 +161,7 @@ def main():
     ap.add_argument("--direct-only", action="store_true", help=argparse.SUPPRESS)  # internal: the baseline's process
     args = ap.parse_args()
     n = args.trajectories or (64 if args.quick else 256)
-    rounds = args.rounds or (2 if args.quick else 4)
+    rounds = args.rounds or (3 if args.quick else 8)
 
     from rose.config import EngineConfig, ModelConfig
     from rose.models import prepare_model
@@ -136,21 +173,20 @@ def main():
     if args.direct_only:
         configure_vllm_env(engine_cfg, [CORE])
         os.sched_setaffinity(0, {CORE})
-        print(json.dumps(run_direct(model_dir, engine_cfg, model_cfg.max_model_len, rounds, n, args.seed)))
+        serve_direct(model_dir, engine_cfg, model_cfg.max_model_len, n, args.seed)
         return
     # The baseline runs in its own process, so neither path inherits the other's engine, threads or
     # environment (vLLM edits LD_PRELOAD at import, which worker processes would inherit).
-    cmd = [sys.executable, os.path.abspath(__file__), "--direct-only", "--trajectories", str(n), "--rounds",
-           str(rounds), "--seed", str(args.seed)]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-    direct_tok_s, direct_tokens, direct_s = json.loads(out.strip().splitlines()[-1])
-    rose_tok_s, rose_tokens, rose_s = run_rose(model_dir, engine_cfg, model_cfg.max_model_len, rounds, n, args.seed)
+    results = run_both(model_dir, engine_cfg, model_cfg.max_model_len, rounds, n, args.seed)
+    print(f"\nrollout overhead: {n} guess episodes per round, engine on core {CORE}, rounds alternate")
+    print(f"{'round':<7}{'direct tok':>11}{'direct s':>10}{'rose tok':>10}{'rose s':>8}{'ratio':>7}")
+    for r, (dt, ds, rt, rs) in enumerate(results, 1):
+        print(f"{r:<7}{dt:>11}{ds:>10.2f}{rt:>10}{rs:>8.2f}{(rt / rs) / (dt / ds):>7.3f}")
+    direct_tok_s = sum(x[0] for x in results) / sum(x[1] for x in results)
+    rose_tok_s = sum(x[2] for x in results) / sum(x[3] for x in results)
     ratio = rose_tok_s / direct_tok_s
-    print(f"\nrollout overhead: {n} guess episodes x {rounds} timed rounds, engine on core {CORE}")
-    print(f"{'path':<8}{'tokens':>10}{'seconds':>10}{'tok/s':>10}")
-    print(f"{'direct':<8}{direct_tokens:>10}{direct_s:>10.2f}{direct_tok_s:>10.1f}")
-    print(f"{'rose':<8}{rose_tokens:>10}{rose_s:>10.2f}{rose_tok_s:>10.1f}")
-    print(f"ratio rose/direct = {ratio:.3f} (target >= 0.8)\n")
+    print(f"{'all':<7}{direct_tok_s:>11.1f} tok/s{'':>4}{rose_tok_s:>10.1f} tok/s   ratio rose/direct = {ratio:.3f} "
+          f"(target >= 0.8)\n")
     print(json.dumps({"bench": "rollout_overhead", "rose_tok_s": round(rose_tok_s, 1),
                       "direct_tok_s": round(direct_tok_s, 1), "ratio": round(ratio, 3), "trajectories": n,
                       "rounds": rounds, "quick": args.quick}))

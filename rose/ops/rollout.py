@@ -1,13 +1,18 @@
 """The rollout op: one multi-turn conversation between the policy (a vLLM engine) and an environment.
 
-Each trajectory is one Dask task. The task runs the agent loop below; every policy turn is a request
+Each GRPO group is one Dask task (one trajectory per task multiplies Dask's per-task cost, a few
+milliseconds, by the group size for no gain: a group is retried, placed and trained on as a whole).
+The task runs the agent loop below for each of its trajectories; every policy turn is a request
 handed to the worker's engine loop, where it is batched with the turns of every other rollout on that
-worker. The result is a one-row Arrow RecordBatch of the trajectory schema. Nothing is lost on failure:
+worker. The task is a coroutine, so Dask runs it on the worker's event loop: a hundred rollouts then
+wait on one thread instead of a hundred threads, and the engine thread's kernels do not queue behind them
+for the GIL (measured in benchmarks/rollout_overhead.py). The result is an Arrow RecordBatch of the trajectory schema. Nothing is lost on failure:
 an environment that raises or a prompt that does not fit yields a row with finish_reason "failed" and
 the error text, and the step goes on.
 """
 from __future__ import annotations
 
+import asyncio
 import time
 import traceback
 import zlib
@@ -46,7 +51,7 @@ def _encode(tokenizer, text: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
 
 
-def agent_loop(spec: RolloutSpec, env, engine_loop, tokenizer, max_model_len: int) -> Trajectory:
+async def agent_loop(spec: RolloutSpec, env, engine_loop, tokenizer, max_model_len: int) -> Trajectory:
     """Run one episode to the end. Never raises for the trajectory's own failures."""
     traj = Trajectory(spec.step, spec.group_id, spec.sample_id, spec.env, spec.env_seed)
     stop_ids = tuple(t for t in (tokenizer.convert_tokens_to_ids("\n"), tokenizer.eos_token_id)
@@ -66,7 +71,8 @@ def agent_loop(spec: RolloutSpec, env, engine_loop, tokenizer, max_model_len: in
                 break
             sampling = SamplingSpec(max_tokens=env.max_action_tokens, temperature=spec.temperature,
                                     top_p=spec.top_p, stop_token_ids=stop_ids, seed=spec.turn_seed(turn))
-            gen = engine_loop.generate(traj.token_ids, sampling, request_id=f"{traj.trajectory_id}-t{turn}").result()
+            gen = await asyncio.wrap_future(
+                engine_loop.generate(traj.token_ids, sampling, request_id=f"{traj.trajectory_id}-t{turn}"))
             traj.add_generated(gen.token_ids, gen.logprobs, gen.weight_versions)
             traj.queue_s += gen.queue_s
             result = env.step(tokenizer.decode(gen.token_ids, skip_special_tokens=True))
@@ -84,21 +90,29 @@ def agent_loop(spec: RolloutSpec, env, engine_loop, tokenizer, max_model_len: in
     return traj
 
 
-def run_rollout(spec: RolloutSpec) -> pa.RecordBatch:
-    """Task: run one trajectory on this worker's engine; returns a one-row RecordBatch."""
+async def _one(spec: RolloutSpec, w) -> Trajectory:
     from rose.ops.envs import make_env
-    from rose.worker import rose_worker
 
-    w = rose_worker()
-    if w.loop is None:
-        raise RuntimeError(f"worker {w.address} (role {w.role}) has no rollout engine; was it prepared?")
     try:
         env = make_env(spec.env, **spec.env_kwargs)
     except Exception as e:
         traj = Trajectory(spec.step, spec.group_id, spec.sample_id, spec.env, spec.env_seed,
                           finish_reason="failed", error=f"{type(e).__name__}: {e}")
     else:
-        traj = agent_loop(spec, env, w.loop, w.tokenizer, w.spec.max_model_len)
+        traj = await agent_loop(spec, env, w.loop, w.tokenizer, w.spec.max_model_len)
     traj.worker = w.address
     traj.placement = "dedicated" if w.role == "dedicated" else "serving"
-    return to_batch([traj])
+    return traj
+
+
+async def run_rollout(specs: tuple[RolloutSpec, ...]) -> pa.RecordBatch:
+    """Task: run trajectories (normally one GRPO group) concurrently on this worker's engine.
+
+    Returns one RecordBatch with a row per spec, in the order given.
+    """
+    from rose.worker import rose_worker
+
+    w = rose_worker()
+    if w.loop is None:
+        raise RuntimeError(f"worker {w.address} (role {w.role}) has no rollout engine; was it prepared?")
+    return to_batch(list(await asyncio.gather(*(_one(s, w) for s in specs))))

@@ -52,7 +52,7 @@ class PromptsOp(Op):
 
 @register_op
 class RolloutOp(Op):
-    """One task per trajectory on a rollout worker; retried with the same key and trajectory id."""
+    """One task per GRPO group on a rollout worker; retried with the same key and trajectory ids."""
 
     name = "rollout"
     inputs = {"specs": SPECS}
@@ -60,13 +60,16 @@ class RolloutOp(Op):
     params = {"retries": int}
 
     def lower(self, node, ctx, inputs):
-        tasks, outs = [], []
+        groups: dict[int, list[RolloutSpec]] = {}
         for spec in inputs["specs"]:
-            key = task_key(ctx, node, spec.trajectory_id)
-            # The key carries the trajectory id; annotations are per node, so a step's rollouts
+            groups.setdefault(spec.group_id, []).append(spec)
+        tasks, outs = [], []
+        for group_id, specs in groups.items():
+            key = task_key(ctx, node, f"g{group_id}")
+            # The key carries step and group; annotations are per node, so a step's rollouts
             # travel to the scheduler as one batch.
-            tasks.append(TaskSpec(key, run_rollout, (spec,), role="dedicated", retries=node.params.get("retries", 2),
-                                  annotations={"rose-role": "rollout"}))
+            tasks.append(TaskSpec(key, run_rollout, (tuple(specs),), role="dedicated",
+                                  retries=node.params.get("retries", 2), annotations={"rose-role": "rollout"}))
             outs.append(Ref(key))
         return tasks, {"trajectories": outs}
 

@@ -1,4 +1,6 @@
 """Pure-logic tests of the engine loop and the agent loop, on the FakeEngine."""
+import asyncio
+
 import pytest
 
 from rose.errors import PromptTooLongError
@@ -64,7 +66,7 @@ def test_weight_versions_stamp_tokens(loop_and_tok):
 def test_agent_loop_masks_environment_tokens(loop_and_tok):
     loop, tok = loop_and_tok
     spec = RolloutSpec(step=3, group_id=1, sample_id=2, env="scripted", env_seed=5)
-    traj = agent_loop(spec, ScriptedEnv(turns=2), loop, tok, max_model_len=64)
+    traj = asyncio.run(agent_loop(spec, ScriptedEnv(turns=2), loop, tok, max_model_len=64))
     assert traj.trajectory_id == "s3-g1-i2"
     assert traj.finish_reason == "done" and traj.error is None
     assert traj.env_reward == 2.0 and len(traj.turn_offsets) == 2
@@ -78,18 +80,20 @@ def test_agent_loop_masks_environment_tokens(loop_and_tok):
 def test_environment_exception_is_recorded_not_raised(loop_and_tok):
     loop, tok = loop_and_tok
     spec = RolloutSpec(0, 0, 0, "raising", env_seed=1)
-    traj = agent_loop(spec, RaisingEnv(), loop, tok, max_model_len=64)
+    traj = asyncio.run(agent_loop(spec, RaisingEnv(), loop, tok, max_model_len=64))
     assert traj.finish_reason == "failed"
     assert "environment exploded on purpose" in traj.error
 
 
 def test_prompt_too_long_is_a_clear_per_trajectory_error(loop_and_tok):
     loop, tok = loop_and_tok
-    traj = agent_loop(RolloutSpec(0, 0, 7, "long", env_seed=1), LongPromptEnv(), loop, tok, max_model_len=64)
+    traj = asyncio.run(agent_loop(RolloutSpec(0, 0, 7, "long", env_seed=1), LongPromptEnv(), loop, tok,
+                                  max_model_len=64))
     assert traj.finish_reason == "failed"
     assert "does not fit the model's context" in traj.error and "max_model_len=64" in traj.error
     # the engine still serves the next trajectory
-    ok = agent_loop(RolloutSpec(0, 0, 8, "scripted", env_seed=1), ScriptedEnv(), loop, tok, max_model_len=64)
+    ok = asyncio.run(agent_loop(RolloutSpec(0, 0, 8, "scripted", env_seed=1), ScriptedEnv(), loop, tok,
+                                max_model_len=64))
     assert ok.finish_reason == "done"
 
 

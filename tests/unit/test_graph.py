@@ -98,10 +98,11 @@ def test_lowering_fans_out_and_annotates():
     ctx = LowerContext(step=4, weight_version=4, graph="g", rollout_workers=("tcp://a", "tcp://b"), seed=1)
     low = lower(g, ctx)
     rollouts = [t for t in low.tasks if "-rollout-" in t.key]
-    assert len(rollouts) == 6
-    ids = [t.args[0].trajectory_id for t in rollouts]
+    assert len(rollouts) == 3  # one task per GRPO group
+    ids = [s.trajectory_id for t in rollouts for s in t.args[0]]
     assert len(set(ids)) == 6 and "s4-g2-i1" in ids
-    assert all(t.key.endswith(t.args[0].trajectory_id) for t in rollouts)
+    assert all(len({s.group_id for s in t.args[0]}) == 1 for t in rollouts)
+    assert all(t.key.endswith(f"-s4-g{t.args[0][0].group_id}") for t in rollouts)
     assert all(t.annotations["step"] == 4 for t in low.tasks)
     # rollouts run on version 4; the sync tasks install the version the train step makes
     assert all(t.annotations["weight_version"] == (5 if "-sync-" in t.key else 4) for t in low.tasks)
