@@ -9,6 +9,10 @@ import sys
 
 import click
 
+# Dask's scheduler and nannies log every start and stop at INFO; the per-step table is what a user of
+# the command reads. Read by distributed when it is first imported, which happens after this line.
+os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")
+
 
 @click.group()
 def main():

@@ -94,10 +94,18 @@ class ClusterConfig:
     num_dedicated: int = 1  # rollout workers with a dedicated engine
     cores: tuple[int, ...] | None = None  # CPU cores to bind workers to; None = all of this host's
     dashboard: bool = False  # start the Dask dashboard (port 8787)
+    # Network site of each worker, as `--rose-site` gives it on a real cluster (weight sync sends each
+    # shard into a site once). Empty: everyone in one site.
+    trainer_site: str = "default"
+    dedicated_sites: tuple[str, ...] = ()  # one per dedicated worker, or empty
 
     def __post_init__(self):
         c = "ClusterConfig"
         _positive(c, "num_dedicated", self.num_dedicated)
+        config_check(bool(self.trainer_site), c, "trainer_site", self.trainer_site, "a non-empty site name")
+        config_check(not self.dedicated_sites or (len(self.dedicated_sites) == self.num_dedicated
+                                                  and all(self.dedicated_sites)),
+                     c, "dedicated_sites", self.dedicated_sites, f"{self.num_dedicated} non-empty site names")
         if self.cores is not None:
             config_check(len(self.cores) > 0 and all(isinstance(x, int) and x >= 0 for x in self.cores),
                          c, "cores", self.cores, "a non-empty tuple of core ids")

@@ -28,7 +28,8 @@ from rose.worker import PLUGIN_NAME, ROLLOUT_ROLES, ModelSpec, prepare_worker
 logger = logging.getLogger("rose.run")
 
 STEP_COLUMNS = ["step", "weight_version", "reward_mean", "reward_std", "trajectories", "failed", "tokens",
-                "rollout_s", "train_s", "trainer_compute_s", "sync_s", "rollout_tok_s", "logprob_mismatch", "loss"]
+                "rollout_s", "train_s", "trainer_compute_s", "sync_s", "rollout_tok_s", "logprob_mismatch", "loss",
+                "sync_bytes", "sync_refetches"]
 
 
 def _roles(client: Client) -> dict[str, list[str]]:
@@ -157,17 +158,20 @@ def _run_step(pipeline, client, roles, rollout_workers, step, version):
         batches = client.gather([futures[k] for k in lowered.keys_of(reward.name, "trajectories")])
         metrics = client.gather(futures[lowered.keys_of(train.name, "metrics")[0]])
         train_s = time.perf_counter() - t_step - rollout_s
-        status = client.gather([futures[k] for k in lowered.keys_of(sync.name, "status")])
+        syncs = client.gather([futures[k] for k in lowered.keys_of(sync.name, "status")])
         sync_s = time.perf_counter() - t_step - rollout_s - train_s
     finally:
         for f in futures.values():
             f.release()
-    new_versions = {s["weight_version"] for s in status}
+    new_versions = {s["weight_version"] for sync_result in syncs for s in sync_result["statuses"]}
     if new_versions != {metrics["weight_version"]}:
         raise RunError(f"engines hold weight versions {sorted(new_versions)} after sync, the trainer "
                        f"{metrics['weight_version']}", step=step)
     table = concat(batches)
-    return _step_row(step, metrics["weight_version"], table, metrics, rollout_s, train_s, sync_s), table, ids
+    row = _step_row(step, metrics["weight_version"], table, metrics, rollout_s, train_s, sync_s)
+    row["sync_bytes"] = sum(s.get("sent_bytes", 0) for s in syncs)
+    row["sync_refetches"] = sum(s.get("refetches", 0) for s in syncs)
+    return row, table, ids
 
 
 def _step_row(step, version, table, metrics, rollout_s, train_s, sync_s) -> dict:

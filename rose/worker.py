@@ -1,8 +1,9 @@
-"""Worker side: `dask worker SCHED --preload rose.worker --rose-role {trainer,dedicated}`.
+"""Worker side: `dask worker SCHED --preload rose.worker --rose-role {trainer,dedicated} [--rose-site S]`.
 
 The `RoseWorker` plugin holds a worker's long-lived state, built once per worker and reached from
 tasks with `rose_worker()`: on a rollout worker the vLLM engine, the loop thread that steps it and
-the tokenizer; on the trainer the policy model and its optimizer. Tasks stay ordinary Dask tasks.
+the tokenizer; on the trainer the policy model and its optimizer; on both the weight-transfer
+endpoint (shard store and comm handlers). Tasks stay ordinary Dask tasks.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ logger = logging.getLogger("rose.worker")
 PLUGIN_NAME = "rose"
 ROLES = ("trainer", "dedicated")  # the serving role comes with the co-serving executor
 ROLLOUT_ROLES = ("dedicated",)
+DEFAULT_SITE = "default"
 
 
 @dataclass(frozen=True)
@@ -39,11 +41,15 @@ class RoseWorker(WorkerPlugin):
     name = PLUGIN_NAME
     idempotent = True
 
-    def __init__(self, role: str, cores: tuple[int, ...] | None = None):
+    def __init__(self, role: str, cores: tuple[int, ...] | None = None, site: str = DEFAULT_SITE):
         if role not in ROLES:
             raise ConfigError(f"unknown ROSE worker role {role!r}; choose one of {list(ROLES)}")
+        if not site:
+            raise ConfigError("--rose-site must not be empty")
         self.role = role
         self.cores = cores  # CPU cores this worker's compute is bound to (None: leave as is)
+        self.site = site  # network site: workers that share a fast network (weight sync topology)
+        self.weights = None  # WeightEndpoint, made in setup
         self.spec: ModelSpec | None = None
         self.loop = None  # EngineLoop on rollout workers: the active engine
         self.tokenizer = None
@@ -73,6 +79,9 @@ class RoseWorker(WorkerPlugin):
                 os.sched_setaffinity(0, set(self.cores))
             except (AttributeError, OSError) as e:
                 logger.warning("cannot bind worker to cores %s: %s", self.cores, e)
+        from rose.runtime.weights.endpoint import WeightEndpoint
+
+        self.weights = WeightEndpoint(worker, self.site)
         # The first report rides in Worker.metrics: a preload runs before the worker connects.
         worker.metrics["rose"] = lambda w: self.report()
         logger.info("rose worker %s role=%s cores=%s", worker.address, self.role, self.cores)
@@ -82,7 +91,7 @@ class RoseWorker(WorkerPlugin):
             loop.close()
 
     def report(self) -> dict:
-        return {"role": self.role,
+        return {"role": self.role, "site": self.site,
                 "weight_version": self.loop.weight_version if self.loop else -1,
                 "model": self.spec.model_dir if self.spec else None}
 
@@ -96,14 +105,20 @@ class RoseWorker(WorkerPlugin):
         with self._lock:
             if self.role in ROLLOUT_ROLES:
                 key = (spec.model_dir, spec.max_model_len, spec.engine)
+                checkpoint = _checkpoint_tensors(spec.model_dir)
                 if key in self._engines:
                     self.loop, self.tokenizer = self._engines[key]
-                    self.loop.load_weights(_checkpoint_tensors(spec.model_dir), 0).result()
+                    self.loop.load_weights(checkpoint, 0).result()
                 else:
                     self._build_engine(spec)
                     self._engines[key] = (self.loop, self.tokenizer)
+                # What the engine holds, as shards: the base of the first sync's deltas.
+                self.weights.reset(spec.engine.dtype)
+                self.weights.adopt(checkpoint, 0)
             elif self.role == "trainer":
                 self._build_trainer(spec)
+                self.weights.reset(spec.engine.dtype)
+                self.weights.publish(self.trainer.model.state_dict(), 0)
             self.spec = spec
             return self.report()
 
@@ -165,6 +180,10 @@ def _checkpoint_tensors(model_dir: str) -> dict:
     return tensors
 
 
+def rose_worker_of(worker) -> RoseWorker | None:
+    return worker.plugins.get(PLUGIN_NAME)
+
+
 def rose_worker() -> RoseWorker:
     """The ROSE plugin of the worker running the current task."""
     worker = get_worker()
@@ -192,5 +211,8 @@ def _parse_cores(value: str | None) -> tuple[int, ...] | None:
 @click.command()
 @click.option("--rose-role", type=click.Choice(ROLES), required=True, help="what this worker does in ROSE")
 @click.option("--rose-cores", default=None, help="comma-separated CPU cores to bind the engine/trainer to")
-async def dask_setup(worker, rose_role, rose_cores):
-    await worker.plugin_add(RoseWorker(role=rose_role, cores=_parse_cores(rose_cores)), name=PLUGIN_NAME)
+@click.option("--rose-site", default=DEFAULT_SITE, show_default=True,
+              help="network site of this worker: weight sync sends each shard into a site once")
+async def dask_setup(worker, rose_role, rose_cores, rose_site):
+    await worker.plugin_add(RoseWorker(role=rose_role, cores=_parse_cores(rose_cores), site=rose_site),
+                            name=PLUGIN_NAME)

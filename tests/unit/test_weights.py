@@ -1,0 +1,205 @@
+"""Shards, deltas, the store and the sync plan: pure logic, no processes."""
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rose.errors import ConfigError
+from rose.runtime.weights import delta
+from rose.runtime.weights.plan import Receiver, plan_full, plan_sync
+from rose.runtime.weights.shards import FULL, TPSlice, assemble, shard_hash, shard_params
+from rose.runtime.weights.store import ShardStore
+
+DTYPES = ["float32", "bfloat16", "float16"]
+
+
+def _tensors(seed, n_params=3, max_elems=700):
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for i in range(n_params):
+        rows = int(torch.randint(1, 8, (), generator=g)) * 2
+        cols = int(torch.randint(1, max_elems // 16 + 2, (), generator=g))
+        out[f"layers.{i}.mlp.up_proj.weight"] = torch.randn(rows, cols, generator=g)
+    out["norm.weight"] = torch.ones(5)
+    return out
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), dtype=st.sampled_from(DTYPES), shard_bytes=st.sampled_from([8, 64, 120, 4096]),
+       frac=st.floats(0.0, 1.0))
+def test_shard_delta_apply_round_trip_is_exact(seed, dtype, shard_bytes, frac):
+    old = _tensors(seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    new = {k: torch.where(torch.rand(v.shape, generator=g) < frac, v + torch.randn(v.shape, generator=g), v)
+           for k, v in old.items()}
+    m0, d0 = shard_params(old, 0, dtype, shard_bytes)
+    m1, d1 = shard_params(new, 1, dtype, shard_bytes)
+    assert all(shard_hash(d1[s.hash]) == s.hash for s in m1.shards)
+    rebuilt = {}
+    for s in m1.shards:
+        base = m0.at(s.position)
+        d = delta.encode(d0[base.hash], d1[s.hash], dtype, base.hash, s.hash)
+        if d is None:
+            rebuilt[s.hash] = bytes(d1[s.hash])
+        else:
+            assert d.nbytes < s.nbytes
+            rebuilt[s.hash] = bytes(delta.verified_apply(d0[base.hash], d, dtype))
+    out = assemble(m1, rebuilt.__getitem__)
+    for k, v in new.items():
+        want = v.to(out[k].dtype)
+        assert torch.equal(out[k].view(torch.uint8), want.contiguous().view(torch.uint8)), k
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10_000), changed=st.sets(st.integers(0, 2), max_size=3))
+def test_manifest_diff_is_exactly_the_changed_shards(seed, changed):
+    old = _tensors(seed)
+    new = dict(old)
+    for i in changed:
+        k = f"layers.{i}.mlp.up_proj.weight"
+        t = old[k].clone()
+        t.view(-1)[0] += 1.0
+        new[k] = t
+    m0, _ = shard_params(old, 0, "float32", 64)
+    m1, _ = shard_params(new, 1, "float32", 64)
+    diff = m1.diff(m0)
+    assert {s.param for s in diff} == {f"layers.{i}.mlp.up_proj.weight" for i in changed}
+    assert all(s.offset == 0 for s in diff)  # only the first element changed
+    assert len(m1.diff(None)) == len(m1.shards)
+
+
+@given(st.lists(st.integers(0, 2**40), max_size=200))
+def test_varint_round_trip(values):
+    v = np.array(values, dtype=np.uint64)
+    assert np.array_equal(delta.varint_decode(delta.varint_encode(v)), v)
+
+
+def test_delta_with_bad_bytes_is_refused():
+    base = np.arange(64, dtype=np.float32).tobytes()
+    new = bytearray(base)
+    new[8] ^= 0xFF
+    d = delta.encode(base, bytes(new), "float32", shard_hash(base), shard_hash(bytes(new)))
+    assert d is not None
+    assert bytes(delta.verified_apply(base, d, "float32")) == bytes(new)
+    corrupt = delta.Delta(d.base, d.target, d.positions, bytes([d.values[0] ^ 1]) + d.values[1:])
+    assert delta.verified_apply(base, corrupt, "float32") is None
+    bad_pos = delta.Delta(d.base, d.target, delta.varint_encode(np.array([10_000])), d.values)
+    assert delta.verified_apply(base, bad_pos, "float32") is None
+
+
+def test_bf16_small_update_changes_few_elements():
+    # The premise of sparse sync: a 1e-6 update to bf16 weights changes about 1 % of them.
+    w = torch.randn(256, 256) * 0.02
+    upd = w + 1e-6 * torch.sign(torch.randn_like(w))
+    frac = delta.changed_fraction(w.bfloat16(), upd.bfloat16())
+    assert 0 < frac < 0.1
+
+
+def test_tensor_parallel_slices_split_and_replicate():
+    t = {"layers.0.self_attn.q_proj.weight": torch.arange(16.0).reshape(4, 4),
+         "layers.0.self_attn.o_proj.weight": torch.arange(16.0).reshape(4, 4),
+         "norm.weight": torch.ones(4)}
+    m, data = shard_params(t, 3, "float32", 4096, slices=(TPSlice(0, 2), TPSlice(1, 2)))
+    labels = {(s.param, s.slice) for s in m.shards}
+    assert ("norm.weight", "") in labels and ("layers.0.self_attn.q_proj.weight", "tp1of2") in labels
+    rank1 = assemble(m, data.__getitem__, "tp1of2")
+    assert torch.equal(rank1["layers.0.self_attn.q_proj.weight"], t["layers.0.self_attn.q_proj.weight"][2:])
+    assert torch.equal(rank1["layers.0.self_attn.o_proj.weight"], t["layers.0.self_attn.o_proj.weight"][:, 2:])
+    assert torch.equal(rank1["norm.weight"], t["norm.weight"])
+    with pytest.raises(ConfigError, match="rank=2 size=2"):
+        TPSlice(2, 2)
+
+
+def test_identical_shards_are_stored_once():
+    t = {"a.weight": torch.zeros(64), "b.weight": torch.zeros(64)}
+    m, data = shard_params(t, 0, "float32", 64)
+    store = ShardStore()
+    for h, b in data.items():
+        assert store.put(h, b)
+    assert len(m.shards) == 8 and len(store) == 1
+    store.retain(m)
+    m2, data2 = shard_params({"a.weight": torch.ones(64), "b.weight": torch.zeros(64)}, 1, "float32", 64)
+    for h, b in data2.items():
+        store.put(h, b)
+    store.retain(m2)
+    store.release(m)
+    assert len(store) == 2  # zeros still held by v1's b.weight
+    store.release(m2)
+    assert len(store) == 0
+    assert not store.put("0" * 32, b"not this")
+
+
+# ---------------------------------------------------------------- plan properties
+@st.composite
+def sync_problems(draw):
+    n_sites = draw(st.integers(1, 3))
+    sites = [f"site{i}" for i in range(n_sites)]
+    n_shards = draw(st.integers(1, 12))
+    old_h = [f"{i:032x}" for i in range(n_shards)]
+    new_h = [h if draw(st.booleans()) else f"{i + 1000:032x}" for i, h in enumerate(old_h)]
+    # some shards of a version can be identical (dedup)
+    if n_shards > 2 and draw(st.booleans()):
+        new_h[1] = new_h[0]
+
+    def manifest(version, hashes):
+        from rose.runtime.weights.shards import Manifest, ShardRef
+        return Manifest(version, tuple(ShardRef(f"p{i}", "", 0, 8, "float32", (2,), h) for i, h in enumerate(hashes)))
+
+    prev, cur = manifest(4, old_h), manifest(5, new_h)
+    receivers = []
+    for i in range(draw(st.integers(1, 9))):
+        state = draw(st.sampled_from(["current_minus_1", "empty", "partial"]))
+        holds = {"current_minus_1": frozenset(old_h), "empty": frozenset(),
+                 "partial": frozenset(draw(st.sets(st.sampled_from(old_h + new_h))))}[state]
+        version = 4 if state == "current_minus_1" else -1
+        receivers.append(Receiver(f"tcp://r{i}", draw(st.sampled_from(sites)), version, holds))
+    return cur, prev, receivers, draw(st.sampled_from(sites))
+
+
+@settings(max_examples=200, deadline=None)
+@given(sync_problems())
+def test_plan_delivers_exactly_once_per_link_from_holders_only(problem):
+    cur, prev, receivers, source_site = problem
+    source = "tcp://trainer"
+    plan = plan_sync(cur, receivers, source, source_site, prev)
+    sites = {r.address: r.site for r in receivers} | {source: source_site}
+    holds = {r.address: set(r.holds) for r in receivers} | {source: cur.hashes() | prev.hashes()}
+    received = {r.address: [] for r in receivers}
+    for k in range(plan.num_levels):
+        arriving = []
+        for dst, hops in plan.level(k).items():
+            for h in hops:
+                assert h.hash in holds[h.src], f"hop {h} starts where the shard is not yet"
+                assert h.base is None or (h.base in holds[h.src] and h.base in holds[h.dst])
+                assert all(h.hash in holds[f] for f in h.fallback)
+                arriving.append((dst, h.hash))
+        for dst, sh in arriving:
+            holds[dst].add(sh)
+            received[dst].append(sh)
+    for r in receivers:
+        assert cur.hashes() <= holds[r.address]
+        assert sorted(received[r.address]) == sorted(cur.hashes() - r.holds)  # nothing extra, nothing twice
+    assert all(n == 1 for n in plan.crossings(sites).values())
+    # a receiver more than one version behind never gets a delta
+    behind = {r.address for r in receivers if r.version != prev.version}
+    assert all(h.base is None for h in plan.hops if h.dst in behind)
+
+
+def test_plan_full_is_the_broadcast_baseline():
+    from rose.runtime.weights.shards import Manifest, ShardRef
+    m = Manifest(1, tuple(ShardRef(f"p{i}", "", 0, 8, "float32", (2,), f"{i:032x}") for i in range(3)))
+    rs = [Receiver(f"tcp://r{i}", "b") for i in range(4)]
+    plan = plan_full(m, rs, "tcp://t")
+    assert len(plan.hops) == 12 and plan.num_levels == 1
+    assert all(n == 4 for n in plan.crossings({"tcp://t": "a"} | {r.address: "b" for r in rs}).values())
+
+
+def test_plan_rejects_source_among_receivers():
+    from rose.runtime.weights.shards import Manifest
+    with pytest.raises(ConfigError, match="exclude the source"):
+        plan_sync(Manifest(1, ()), [Receiver("tcp://t", "a")], "tcp://t", "a")
+
+
+def test_full_slice_default():
+    assert FULL.label == ""
