@@ -69,10 +69,10 @@ def test_manifest_diff_is_exactly_the_changed_shards(seed, changed):
     assert len(m1.diff(None)) == len(m1.shards)
 
 
-@given(st.lists(st.integers(0, 2**40), max_size=200))
-def test_varint_round_trip(values):
-    v = np.array(values, dtype=np.uint64)
-    assert np.array_equal(delta.varint_decode(delta.varint_encode(v)), v)
+@given(st.sets(st.integers(0, 2**24), max_size=300))
+def test_position_coding_round_trip(values):
+    idx = np.array(sorted(values), dtype=np.int64)
+    assert np.array_equal(delta.gaps_decode(delta.gaps_encode(idx)), idx)
 
 
 def test_delta_with_bad_bytes_is_refused():
@@ -82,9 +82,13 @@ def test_delta_with_bad_bytes_is_refused():
     d = delta.encode(base, bytes(new), "float32", shard_hash(base), shard_hash(bytes(new)))
     assert d is not None
     assert bytes(delta.verified_apply(base, d, "float32")) == bytes(new)
-    corrupt = delta.Delta(d.base, d.target, d.positions, bytes([d.values[0] ^ 1]) + d.values[1:])
-    assert delta.verified_apply(base, corrupt, "float32") is None
-    bad_pos = delta.Delta(d.base, d.target, delta.varint_encode(np.array([10_000])), d.values)
+    for i in range(len(d.values)):  # any byte flipped in the compressed changes: refused, never applied
+        corrupt = delta.Delta(d.base, d.target, d.positions, d.values[:i] + bytes([d.values[i] ^ 1]) + d.values[i + 1:],
+                              d.raw_sizes)
+        assert delta.verified_apply(base, corrupt, "float32") is None
+    far = delta.encode(np.zeros(20_000, np.float32).tobytes(), np.eye(1, 20_000, 19_999, dtype=np.float32).tobytes(),
+                       "float32", "a", "b")
+    bad_pos = delta.Delta(d.base, d.target, far.positions, d.values, (far.raw_sizes[0], d.raw_sizes[1]))
     assert delta.verified_apply(base, bad_pos, "float32") is None
 
 
@@ -203,3 +207,19 @@ def test_plan_rejects_source_among_receivers():
 
 def test_full_slice_default():
     assert FULL.label == ""
+
+
+def test_released_buffers_are_reused_and_readonly_ones_never():
+    store = ShardStore()
+    m, data = shard_params({"a.weight": torch.arange(32.0)}, 0, "float32", 64)
+    for h, b in data.items():
+        store.put(h, b)
+    store.retain(m)
+    held = [store.get(s.hash) for s in m.shards]
+    store.release(m)
+    reused = store.take(64)
+    assert any(reused is b for b in held)  # a released shard's buffer comes back
+    assert isinstance(store.take(64), (bytearray, memoryview)) and store.take(8) is not None
+    store.put("x" * 32, b"\0" * 64, verify=False)  # bytes are read-only: never pooled
+    store.drop_unreferenced()
+    assert all(not memoryview(b).readonly for bufs in store._pool.values() for b in bufs)

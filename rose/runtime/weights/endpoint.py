@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 
 import torch
 from distributed.protocol import to_serialize
@@ -24,6 +25,7 @@ from rose.runtime.weights.store import ShardStore
 logger = logging.getLogger("rose.weights")
 
 BATCH_BYTES = 32 << 20  # at most this many shard bytes per request: bounds memory on both ends
+RELAY_WAIT_S = 120.0  # how long a relay holds a request for a shard it is still fetching
 
 
 class WeightEndpoint:
@@ -39,8 +41,16 @@ class WeightEndpoint:
         self.sent_bytes = 0  # payload bytes this endpoint served (dense + delta)
         self.received_bytes = 0
         self.received_dense_bytes = 0  # of which whole shards (the rest: deltas)
+        self.received_from: Counter = Counter()  # payload bytes by the address that served them
+        self.timing: Counter = Counter()  # seconds: request_s (waiting on replies), apply_s, serve_s
         self.refetches = 0  # shards that arrived bad and were fetched again
-        for name in ("get", "state", "pull", "commit", "digest"):
+        # Deltas already encoded, by (base, target): a source serves the same delta to every site
+        # and every relay of its own site; encoding it once is most of the source's CPU time.
+        self._deltas: dict[tuple[str, str], deltas.Delta | None] = {}
+        # Shards this receiver is about to fetch, so that as a relay it can be asked for them early:
+        # a request waits for the shard instead of waiting for a whole plan level to finish.
+        self._expected: dict[str, asyncio.Event] = {}
+        for name in ("get", "state", "expect", "pull", "commit", "abort", "digest"):
             worker.handlers[f"rose_weights_{name}"] = getattr(self, f"_h_{name}")
 
     @property
@@ -51,6 +61,7 @@ class WeightEndpoint:
         """Forget every version (a new run starts)."""
         self.store = ShardStore()
         self.manifest = self.prev = self.staged = None
+        self._deltas.clear()
         self.dtype, self.shard_bytes = dtype, shard_bytes
 
     # ---------------------------------------------------------------- publisher (trainer)
@@ -63,7 +74,20 @@ class WeightEndpoint:
         if self.prev is not None:
             self.store.release(self.prev)
         self.prev, self.manifest = self.manifest, manifest
+        self._deltas.clear()
+        if self.prev is not None:
+            # Encode every changed shard's delta once, now: each is then served to every site and relay
+            # as it is (receivers one version behind are the usual case).
+            for s in manifest.diff(self.prev):
+                if (old := self.prev.at(s.position)) is not None and old.nbytes == s.nbytes:
+                    self._delta(old.hash, s.hash)
         return manifest
+
+    def _delta(self, base: str, target: str) -> deltas.Delta | None:
+        if (base, target) not in self._deltas:
+            self._deltas[(base, target)] = deltas.encode(self.store.get(base), self.store.get(target), self.dtype,
+                                                         base, target)
+        return self._deltas[(base, target)]
 
     # ---------------------------------------------------------------- receiver (rollout worker)
     def adopt(self, tensors: dict, version: int) -> Manifest:
@@ -89,10 +113,18 @@ class WeightEndpoint:
             nbytes += sizes[hop.hash]
             if nbytes >= BATCH_BYTES or i == len(hops) - 1:
                 items = [[h.hash, h.base] for h in batch]
+                t0 = time.perf_counter()
                 replies = await self.worker.rpc(src).rose_weights_get(items=items)
+                t1 = time.perf_counter()
                 # Hashing and delta decoding are CPU work: off the event loop, which keeps heartbeats.
                 ok = await asyncio.to_thread(lambda b=batch, r=replies: [self._accept(h, x) for h, x in zip(b, r)])
+                self.timing["request_s"] += t1 - t0
+                self.timing["apply_s"] += time.perf_counter() - t1
+                self.received_from[src] += sum(_payload_bytes(x) for x in replies)
                 bad += [hop for hop, good in zip(batch, ok) if not good]
+                for hop, good in zip(batch, ok):
+                    if good:
+                        self._arrived(hop.hash)
                 batch, nbytes = [], 0
         return bad
 
@@ -104,12 +136,18 @@ class WeightEndpoint:
             self.received_bytes += len(data)
             self.received_dense_bytes += len(data)
             return self.store.put(hop.hash, data)
-        d = deltas.Delta(reply["base"], hop.hash, reply["positions"], reply["values"])
+        d = deltas.Delta.from_wire(hop.hash, reply)
         self.received_bytes += d.nbytes
         if d.base not in self.store:
             return False
-        out = deltas.verified_apply(self.store.get(d.base), d, self.dtype)
-        return out is not None and self.store.put(hop.hash, bytes(out), verify=False)  # verified above
+        base = self.store.get(d.base)
+        buf = self.store.take(len(base))
+        out = deltas.verified_apply(base, d, self.dtype, out=buf)
+        if out is None:
+            self.store.give_back(buf)
+            return False
+        self._deltas[(d.base, d.target)] = d  # a relay passes the same delta on, without encoding it again
+        return self.store.put(hop.hash, out, verify=False)  # verified above
 
     async def pull(self, hops: list[Hop], manifest: Manifest) -> dict:
         """Stage the shards of `hops`; a shard that arrives bad is fetched again, dense, from the
@@ -119,17 +157,32 @@ class WeightEndpoint:
         by_src: dict[str, list[Hop]] = {}
         for h in hops:
             by_src.setdefault(h.src, []).append(h)
-        results = await asyncio.gather(*(self._fetch(src, hs, sizes) for src, hs in by_src.items()))
-        for hop in (h for bad in results for h in bad):
-            self.refetches += 1
-            logger.warning("shard %s from %s failed its hash check; fetching it again", hop.hash, hop.src)
-            for alt in hop.fallback:
-                if not await self._fetch(alt, [Hop(alt, hop.dst, hop.hash, None, hop.level)], sizes):
-                    break
-            else:
-                raise EngineError(f"shard {hop.hash} of version {manifest.version} failed its hash check from "
-                                  f"{hop.src} and every other holder {list(hop.fallback)}")
+        try:
+            results = await asyncio.gather(*(self._fetch(src, hs, sizes) for src, hs in by_src.items()))
+            for hop in (h for bad in results for h in bad):
+                self.refetches += 1
+                logger.warning("shard %s from %s failed its hash check; fetching it again", hop.hash, hop.src)
+                for alt in hop.fallback:
+                    if not await self._fetch(alt, [Hop(alt, hop.dst, hop.hash, None, hop.level)], sizes):
+                        self._arrived(hop.hash)
+                        break
+                else:
+                    raise EngineError(f"shard {hop.hash} of version {manifest.version} failed its hash check from "
+                                      f"{hop.src} and every other holder {list(hop.fallback)}")
+        finally:  # whoever waits on this relay for a shard it never got asks someone else
+            for h in hops:
+                self._arrived(h.hash)
         return {"staged": len(hops)}
+
+    def expect(self, hashes) -> None:
+        for h in hashes:
+            if h not in self.store:
+                self._expected.setdefault(h, asyncio.Event())
+
+    def _arrived(self, h: str) -> None:
+        ev = self._expected.pop(h, None)
+        if ev is not None:
+            ev.set()
 
     def commit(self, version: int) -> dict:
         """Swap to the staged version: returns the full named tensors for the engine. Every shard
@@ -144,11 +197,31 @@ class WeightEndpoint:
             self.store.release(self.manifest)
         self.manifest, self.staged = m, None
         self.store.drop_unreferenced()
+        self._deltas.clear()
         return tensors
+
+    def abort(self) -> int:
+        """Drop a staged version (the sync failed elsewhere, or was only measured); keep the committed one."""
+        self.staged = None
+        return self.store.drop_unreferenced()
 
     # ---------------------------------------------------------------- handlers
     async def _h_get(self, items: list) -> list:
-        return await asyncio.to_thread(self._serve, items)
+        for h, _ in items:
+            ev = self._expected.get(h)
+            if ev is not None and h not in self.store:
+                try:
+                    await asyncio.wait_for(ev.wait(), RELAY_WAIT_S)
+                except asyncio.TimeoutError:
+                    pass  # served as unknown (None): the caller fetches it from another holder
+        t0 = time.perf_counter()
+        out = await asyncio.to_thread(self._serve, items)
+        self.timing["serve_s"] += time.perf_counter() - t0
+        return out
+
+    def _h_expect(self, hashes: list) -> int:
+        self.expect(hashes)
+        return len(self._expected)
 
     def _serve(self, items: list) -> list:
         """Shards by hash: [hash, base or None] -> {"dense": bytes} or a delta, None if unknown."""
@@ -158,20 +231,19 @@ class WeightEndpoint:
                 out.append(None)
                 continue
             data = self.store.get(h)
-            d = None
-            if base is not None and base in self.store:
-                d = deltas.encode(self.store.get(base), data, self.dtype, base, h)
+            d = self._delta(base, h) if base is not None and base in self.store else None
             if d is None:
                 out.append({"dense": bytes(data)})
                 self.sent_bytes += len(data)
             else:
-                out.append({"base": base, "positions": d.positions, "values": d.values})
+                out.append(d.to_wire())
                 self.sent_bytes += d.nbytes
         return out
 
     def _h_state(self) -> dict:
         return {"receiver": to_serialize(self.receiver()), "sent_bytes": self.sent_bytes,
                 "received_bytes": self.received_bytes, "received_dense_bytes": self.received_dense_bytes,
+                "received_from": dict(self.received_from), "timing": dict(self.timing),
                 "refetches": self.refetches}
 
     async def _h_pull(self, hops, manifest) -> dict:
@@ -189,11 +261,20 @@ class WeightEndpoint:
             await asyncio.wrap_future(plugin.loop.load_weights(tensors, version))
         return {"worker": self.worker.address, "weight_version": version, "seconds": time.perf_counter() - t0}
 
+    def _h_abort(self) -> dict:
+        return {"dropped": self.abort()}
+
     def _h_digest(self) -> dict:
         """xxh3 of every committed parameter's bytes, to check receivers against the source."""
         if self.manifest is None:
             return {}
         return {k: tensor_digest(v) for k, v in assemble(self.manifest, self.store.get).items()}
+
+
+def _payload_bytes(reply) -> int:
+    if reply is None:
+        return 0
+    return len(reply["dense"]) if "dense" in reply else len(reply["positions"]) + len(reply["values"]) + 16
 
 
 def tensor_digest(t: torch.Tensor) -> str:

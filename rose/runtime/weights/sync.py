@@ -1,8 +1,8 @@
 """Run one sync: from the source endpoint (the trainer) to every receiver, then one swap each.
 
-Phases: ask each receiver what it holds; plan (pure, `plan.py`); run the plan level by level, each
-receiver pulling its hops from their sources (every shard is verified on arrival, a bad one is
-fetched again from another holder); then commit everywhere. A receiver swaps its engine only when
+Phases: ask each receiver what it holds; plan (pure, `plan.py`); run the plan, each receiver pulling
+its hops from their sources, relays passing shards on as they arrive (every shard is verified on
+arrival, a bad one is fetched again from another holder); then commit everywhere. A receiver swaps its engine only when
 it holds every shard of the version, and no commit starts unless every receiver staged the whole
 version: a failed sync leaves every engine on its previous version.
 """
@@ -22,9 +22,11 @@ async def _states(worker, addresses) -> list[dict]:
     return list(await asyncio.gather(*(worker.rpc(a).rose_weights_state() for a in addresses)))
 
 
-async def sync_to(worker, source: WeightEndpoint, receivers: list[str], mode: str = "rose") -> dict:
+async def sync_to(worker, source: WeightEndpoint, receivers: list[str], mode: str = "rose",
+                  commit: bool = True) -> dict:
     """Bring `receivers` to the source's current version. `mode="full"` sends every shard dense from
-    the source to every receiver (the broadcast baseline, for benchmarks)."""
+    the source to every receiver (the broadcast baseline, for benchmarks); `commit=False` stages
+    and then drops the version (to measure a transfer without applying it)."""
     manifest = source.manifest
     if manifest is None:
         raise EngineError("nothing to sync: the source has published no version", worker=worker.address)
@@ -39,22 +41,37 @@ async def sync_to(worker, source: WeightEndpoint, receivers: list[str], mode: st
     else:
         plan = plan_sync(manifest, rs, worker.address, source.site, source.prev)
     wire_manifest = to_serialize(manifest)
-    for k in range(plan.num_levels):
-        by_dst = plan.level(k)
-        if k == 0:  # every receiver stages the version, even one that already holds all its shards
-            by_dst = {r.address: by_dst.get(r.address, []) for r in rs}
-        await asyncio.gather(*(worker.rpc(dst).rose_weights_pull(hops=to_serialize(hops), manifest=wire_manifest)
+    by_dst: dict[str, list] = {r.address: [] for r in rs}  # every receiver stages the version
+    for hop in plan.hops:
+        by_dst[hop.dst].append(hop)
+    try:
+        # Levels need no barrier: relays are told first what they will receive, then every receiver
+        # pulls at once, and a relay holds a request for a shard until that shard has reached it.
+        await asyncio.gather(*(worker.rpc(dst).rose_weights_expect(hashes=sorted({h.hash for h in hops}))
                                for dst, hops in by_dst.items()))
-    if plan.num_levels == 0:
-        await asyncio.gather(*(worker.rpc(r.address).rose_weights_pull(hops=to_serialize([]), manifest=wire_manifest)
-                               for r in rs))
+        t_plan = time.perf_counter()
+        pulls = await asyncio.gather(*(worker.rpc(dst).rose_weights_pull(hops=to_serialize(hops), manifest=wire_manifest)
+                                       for dst, hops in by_dst.items()))
+    except BaseException:
+        await asyncio.gather(*(worker.rpc(r.address).rose_weights_abort() for r in rs), return_exceptions=True)
+        raise
     t_pulled = time.perf_counter()
-    statuses = await asyncio.gather(*(worker.rpc(r.address).rose_weights_commit(version=manifest.version)
-                                      for r in rs))
+    if commit:
+        statuses = await asyncio.gather(*(worker.rpc(r.address).rose_weights_commit(version=manifest.version)
+                                          for r in rs))
+    else:
+        await asyncio.gather(*(worker.rpc(r.address).rose_weights_abort() for r in rs))
+        statuses = [{"worker": r.address, "weight_version": r.version} for r in rs]
     after = await _states(worker, receivers)
     received = sum(a["received_bytes"] - b["received_bytes"] for a, b in zip(after, before))
     dense = sum(a["received_dense_bytes"] - b["received_dense_bytes"] for a, b in zip(after, before))
+    sites = {r.address: r.site for r in rs} | {worker.address: source.site}
+    cross = sum(n - b["received_from"].get(src, 0) for a, b, r in zip(after, before, rs)
+                for src, n in a["received_from"].items() if sites.get(src, "?") != r.site)
     return {"version": manifest.version, "statuses": list(statuses), "sent_bytes": received, "dense_bytes": dense,
+            "cross_site_bytes": cross,
             "full_bytes": manifest.nbytes * len(rs), "hops": len(plan.hops), "levels": plan.num_levels,
             "refetches": sum(a["refetches"] - b["refetches"] for a, b in zip(after, before)),
-            "transfer_s": t_pulled - t0, "seconds": time.perf_counter() - t0}
+            "timing": [{k: round(v - b["timing"].get(k, 0), 3) for k, v in a["timing"].items()}
+                       for a, b in zip(after, before)],
+            "transfer_s": t_pulled - t0, "plan_s": t_plan - t0, "pull_s": [p["seconds"] for p in pulls], "seconds": time.perf_counter() - t0}
