@@ -81,7 +81,8 @@ class DirectBaseline:
     """The baseline's process, driven round by round from here."""
 
     def __init__(self, n, seed):
-        cmd = [sys.executable, os.path.abspath(__file__), "--direct-only", "--trajectories", str(n), "--seed", str(seed)]
+        cmd = [sys.executable, os.path.abspath(__file__), "--direct-only", "--trajectories", str(n),
+               "--seed", str(seed)]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self._read("READY")
 

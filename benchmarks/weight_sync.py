@@ -4,8 +4,9 @@ over a slow link (targets at lr 1e-6: bytes_ratio >= 30, speedup >= 10, receiver
 Two sites joined by a rate-limited link: this benchmark makes a network namespace and a veth pair
 (`tc` token bucket, --rate, default 1 Gbit/s) and starts a real Dask scheduler and workers as
 processes: the trainer and half the receivers in site "a" (the root namespace), the other half in
-site "b" (the namespace). After one warm-up step (not counted), after each real train step (GRPO on random token sequences; AdamW at the
-given lr; fp32 master weights), the trainer publishes the step's weights in bf16, then:
+site "b" (the namespace). After one warm-up step (not counted), after each real train step (GRPO on
+random token sequences; AdamW at the given lr; fp32 master weights), the trainer publishes the step's
+weights in bf16, then:
 - full: every shard, dense, from the trainer to every receiver (the broadcast baseline), measured
   and then dropped by the receivers;
 - rose: the sync plan (only changed shards, as deltas where smaller, each crossing the link once,

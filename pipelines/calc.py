@@ -14,7 +14,7 @@ GROUP_SIZE = 8  # samples per question
 STEPS = 20
 SEED = 0
 MODEL = rose.ModelConfig()
-ENGINE = rose.EngineConfig(temperature=1.0, kv_cache_gib=0.5)
+ENGINE = rose.EngineConfig(dtype="bfloat16", temperature=1.0, kv_cache_gib=0.5)
 GRPO = rose.GRPOConfig(lr=3e-4, inner_epochs=4, clip=0.2)
 CLUSTER = rose.ClusterConfig(num_dedicated=1)
 

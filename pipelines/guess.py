@@ -14,7 +14,7 @@ GROUP_SIZE = 8  # samples per seed
 STEPS = 100  # RL steps by default
 SEED = 0
 MODEL = rose.ModelConfig()  # path=None: build and warm-start the tiny local model
-ENGINE = rose.EngineConfig(temperature=1.0, kv_cache_gib=0.5)
+ENGINE = rose.EngineConfig(dtype="bfloat16", temperature=1.0, kv_cache_gib=0.5)
 GRPO = rose.GRPOConfig(lr=3e-4, inner_epochs=4, clip=0.2)
 CLUSTER = rose.ClusterConfig(num_dedicated=1)
 

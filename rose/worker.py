@@ -92,7 +92,10 @@ class RoseWorker(WorkerPlugin):
 
     def report(self) -> dict:
         return {"role": self.role, "site": self.site,
-                "weight_version": self.loop.weight_version if self.loop else -1,
+                # the version this worker's engine runs (rollout workers) or last published (trainer);
+                # read by the scheduler from worker metrics
+                "weight_version": (self.loop.weight_version if self.loop
+                                   else self.weights.version if self.weights else -1),
                 "model": self.spec.model_dir if self.spec else None}
 
     # ---------------------------------------------------------------- built once per run

@@ -6,7 +6,8 @@ The task runs the agent loop below for each of its trajectories; every policy tu
 handed to the worker's engine loop, where it is batched with the turns of every other rollout on that
 worker. The task is a coroutine, so Dask runs it on the worker's event loop: a hundred rollouts then
 wait on one thread instead of a hundred threads, and the engine thread's kernels do not queue behind them
-for the GIL (measured in benchmarks/rollout_overhead.py). The result is an Arrow RecordBatch of the trajectory schema. Nothing is lost on failure:
+for the GIL (measured in benchmarks/rollout_overhead.py). The result is an Arrow RecordBatch of the
+trajectory schema. Nothing is lost on failure:
 an environment that raises or a prompt that does not fit yields a row with finish_reason "failed" and
 the error text, and the step goes on.
 """

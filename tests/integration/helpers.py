@@ -3,6 +3,8 @@ from dataclasses import replace
 import rose
 from rose.graph import Graph
 
+FP32 = rose.EngineConfig(dtype="float32")
+
 
 def small_pipeline(env: str, model_env: str | None = None, groups: int = 4, group_size: int = 4,
                    steps: int = 2, reward_fn=None, **kwargs) -> rose.Pipeline:
@@ -17,6 +19,8 @@ def small_pipeline(env: str, model_env: str | None = None, groups: int = 4, grou
         g.add("sync", "sync", inputs={"result": train.out("result")})
         return g
 
+    # float32 engines by default here: tests compare vLLM's log-probs with the trainer's exactly
+    kwargs.setdefault("engine", FP32)
     return rose.Pipeline(name=f"test-{model_env or env}", env=model_env or env, build=build, steps=steps, **kwargs)
 
 

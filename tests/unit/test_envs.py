@@ -65,7 +65,6 @@ def test_demonstrations_are_winning_or_valid_play(name):
     rng = random.Random(0)
     for _ in range(50):
         segs = cls.demonstration(rng)
-        env = make_env(name)
         seed_text = segs[0][0]
         assert not segs[0][1] and seed_text.endswith("\n")
         for text, is_policy in segs[1:]:

@@ -223,3 +223,20 @@ def test_released_buffers_are_reused_and_readonly_ones_never():
     store.put("x" * 32, b"\0" * 64, verify=False)  # bytes are read-only: never pooled
     store.drop_unreferenced()
     assert all(not memoryview(b).readonly for bufs in store._pool.values() for b in bufs)
+
+
+@pytest.mark.gpu
+def test_publishing_from_device_tensors_matches_the_cpu():
+    # The trainer's weights live on the GPU there: shards, hashes and the changed fraction must not
+    # depend on where the tensors are.
+    cpu = _tensors(7)
+    dev = {k: v.cuda() for k, v in cpu.items()}
+    m_cpu, _ = shard_params(cpu, 1, "bfloat16", 4096)
+    m_dev, _ = shard_params(dev, 1, "bfloat16", 4096)
+    assert m_cpu == m_dev
+    bumped = {k: v + 1e-3 for k, v in dev.items()}
+    for k in dev:
+        a, b = dev[k].bfloat16(), bumped[k].bfloat16()
+        idx, vals = delta.sparse_diff(a, b)
+        assert delta.changed_fraction(a, b) == pytest.approx(idx.numel() / a.numel())
+        assert torch.equal(b.reshape(-1)[idx], vals) and idx.device.type == "cuda"

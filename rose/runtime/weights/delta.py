@@ -20,7 +20,6 @@ import torch
 
 from rose.runtime.weights.shards import itemsize, shard_hash, uint_view
 
-
 _ZSTD = pa.Codec("zstd", compression_level=1)
 
 

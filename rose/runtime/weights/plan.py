@@ -137,5 +137,6 @@ def plan_sync(manifest: Manifest, receivers: list[Receiver], source: str, source
 
 def plan_full(manifest: Manifest, receivers: list[Receiver], source: str) -> SyncPlan:
     """The baseline ROSE replaces: every receiver gets every shard, dense, straight from the source."""
-    hops = tuple(Hop(source, r.address, h, None, 0, (source,)) for r in receivers for h in sorted(manifest.hashes(r.slices)))
+    hops = tuple(Hop(source, r.address, h, None, 0, (source,))
+                 for r in receivers for h in sorted(manifest.hashes(r.slices)))
     return SyncPlan(manifest.version, source, hops)

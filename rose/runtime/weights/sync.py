@@ -50,8 +50,9 @@ async def sync_to(worker, source: WeightEndpoint, receivers: list[str], mode: st
         await asyncio.gather(*(worker.rpc(dst).rose_weights_expect(hashes=sorted({h.hash for h in hops}))
                                for dst, hops in by_dst.items()))
         t_plan = time.perf_counter()
-        pulls = await asyncio.gather(*(worker.rpc(dst).rose_weights_pull(hops=to_serialize(hops), manifest=wire_manifest)
-                                       for dst, hops in by_dst.items()))
+        pulls = await asyncio.gather(*(
+            worker.rpc(dst).rose_weights_pull(hops=to_serialize(hops), manifest=wire_manifest)
+            for dst, hops in by_dst.items()))
     except BaseException:
         await asyncio.gather(*(worker.rpc(r.address).rose_weights_abort() for r in rs), return_exceptions=True)
         raise
@@ -74,4 +75,5 @@ async def sync_to(worker, source: WeightEndpoint, receivers: list[str], mode: st
             "refetches": sum(a["refetches"] - b["refetches"] for a, b in zip(after, before)),
             "timing": [{k: round(v - b["timing"].get(k, 0), 3) for k, v in a["timing"].items()}
                        for a, b in zip(after, before)],
-            "transfer_s": t_pulled - t0, "plan_s": t_plan - t0, "pull_s": [p["seconds"] for p in pulls], "seconds": time.perf_counter() - t0}
+            "transfer_s": t_pulled - t0, "plan_s": t_plan - t0, "pull_s": [p["seconds"] for p in pulls],
+            "seconds": time.perf_counter() - t0}
