@@ -24,6 +24,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -96,7 +97,8 @@ class Processes:
         cmd = (["ip", "netns", "exec", NS] if netns else []) + [dask, *args]
         env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
                "DASK_LOGGING__DISTRIBUTED": "error", "OMP_NUM_THREADS": "1"}
-        self.procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        self.procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                           start_new_session=True))  # a group to kill, wrapper and all
 
     def __enter__(self):
         port = self.address.rsplit(":", 1)[1]
@@ -110,13 +112,18 @@ class Processes:
         return self
 
     def __exit__(self, *exc):
-        for p in self.procs:
-            p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for p in self.procs:
+                try:
+                    os.killpg(p.pid, sig)
+                except ProcessLookupError:
+                    pass
+            deadline = time.monotonic() + 10
+            for p in self.procs:
+                try:
+                    p.wait(max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    pass
 
 
 # ---------------------------------------------------------------- run on the workers

@@ -62,12 +62,15 @@ class WeightEndpoint:
         self.store = ShardStore()
         self.manifest = self.prev = self.staged = None
         self._deltas.clear()
+        for h in list(self._expected):
+            self._arrived(h)
         self.dtype, self.shard_bytes = dtype, shard_bytes
 
     # ---------------------------------------------------------------- publisher (trainer)
     def publish(self, tensors: dict, version: int) -> Manifest:
         """Shard and hash `tensors` as `version`; keeps this version and the one before."""
         manifest, data = shard_params(tensors, version, self.dtype, self.shard_bytes)
+        self.store.recycle = False  # a publisher never applies deltas: no one would take the buffers back
         for h, b in data.items():
             self.store.put(h, b, verify=False)  # hashed just now
         self.store.retain(manifest)
@@ -114,7 +117,8 @@ class WeightEndpoint:
             if nbytes >= BATCH_BYTES or i == len(hops) - 1:
                 items = [[h.hash, h.base] for h in batch]
                 t0 = time.perf_counter()
-                replies = await self.worker.rpc(src).rose_weights_get(items=items)
+                replies = list(await self.worker.rpc(src).rose_weights_get(items=items))
+                replies += [None] * (len(batch) - len(replies))  # a short answer: the rest count as bad
                 t1 = time.perf_counter()
                 # Hashing and delta decoding are CPU work: off the event loop, which keeps heartbeats.
                 ok = await asyncio.to_thread(lambda b=batch, r=replies: [self._accept(h, x) for h, x in zip(b, r)])
@@ -184,21 +188,27 @@ class WeightEndpoint:
         if ev is not None:
             ev.set()
 
-    def commit(self, version: int) -> dict:
-        """Swap to the staged version: returns the full named tensors for the engine. Every shard
-        must be in the store (they were verified on arrival)."""
+    def staged_tensors(self, version: int) -> dict:
+        """The staged version as full named tensors (for the engine), its shards now held. Every
+        shard must be in the store (each was verified on arrival): never a partial version."""
         m = self.staged
         if m is None or m.version != version:
             raise EngineError(f"cannot commit version {version}: staged is "
                               f"{m.version if m else None}", worker=self.worker.address)
-        self.store.retain(m)  # raises if a shard is missing: never commit a partial version
-        tensors = assemble(m, self.store.get)
+        self.store.retain(m)  # raises KeyError naming a missing shard
+        try:
+            return assemble(m, self.store.get)
+        except BaseException:
+            self.store.release(m)
+            raise
+
+    def commit(self) -> None:
+        """The engine now runs the staged version: it becomes the committed one."""
         if self.manifest is not None:
             self.store.release(self.manifest)
-        self.manifest, self.staged = m, None
+        self.manifest, self.staged = self.staged, None
         self.store.drop_unreferenced()
         self._deltas.clear()
-        return tensors
 
     def abort(self) -> int:
         """Drop a staged version (the sync failed elsewhere, or was only measured); keep the committed one."""
@@ -255,10 +265,17 @@ class WeightEndpoint:
         from rose.worker import rose_worker_of
 
         t0 = time.perf_counter()
-        tensors = await asyncio.to_thread(self.commit, version)
+        tensors = await asyncio.to_thread(self.staged_tensors, version)
         plugin = rose_worker_of(self.worker)
+        # Only the rollout engine is a sync target, never a serving model: the swap goes to the
+        # plugin's rollout engine loop, between two of its iterations.
         if plugin is not None and plugin.loop is not None:
-            await asyncio.wrap_future(plugin.loop.load_weights(tensors, version))
+            try:
+                await asyncio.wrap_future(plugin.loop.load_weights(tensors, version))
+            except BaseException:  # the engine kept its version: so does the endpoint
+                self.store.release(self.staged)
+                raise
+        self.commit()
         return {"worker": self.worker.address, "weight_version": version, "seconds": time.perf_counter() - t0}
 
     def _h_abort(self) -> dict:

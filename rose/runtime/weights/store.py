@@ -18,7 +18,8 @@ from rose.runtime.weights.shards import Manifest, shard_hash
 
 
 class ShardStore:
-    def __init__(self):
+    def __init__(self, recycle: bool = True):
+        self.recycle = recycle  # keep released buffers for `take` (receivers); off for publishers
         self._data: dict[str, bytes | memoryview | bytearray] = {}
         self._refs: Counter = Counter()
         self._lock = threading.Lock()  # handlers run on the event loop, staging in a thread
@@ -91,7 +92,7 @@ class ShardStore:
     def _recycle(self, buf) -> None:
         # Caller holds the lock. Only buffers nobody else can read: a shard's bytes are dropped
         # from the store before they are handed out again.
-        if buf is None or self._pool_bytes + len(buf) > self._pool_cap:
+        if not self.recycle or buf is None or self._pool_bytes + len(buf) > self._pool_cap:
             return
         mv = memoryview(buf)
         if mv.readonly or not mv.contiguous or len(buf) == 0:
