@@ -7,7 +7,7 @@ FP32 = rose.EngineConfig(dtype="float32")
 
 
 def small_pipeline(env: str, model_env: str | None = None, groups: int = 4, group_size: int = 4,
-                   steps: int = 2, reward_fn=None, **kwargs) -> rose.Pipeline:
+                   steps: int = 2, reward_fn=None, build_kwargs: dict | None = None, **kwargs) -> rose.Pipeline:
     """An RL step graph like the shipped pipelines', smaller; `env` may be a 'module:Class' path."""
 
     def build(step):
@@ -15,7 +15,7 @@ def small_pipeline(env: str, model_env: str | None = None, groups: int = 4, grou
         specs = g.add("prompts", "prompts", env=env, num_groups=groups, group_size=group_size)
         traj = g.add("rollout", "rollout", inputs={"specs": specs.out("specs")})
         scored = g.add("reward", "reward", inputs={"trajectories": traj.out("trajectories")}, fn=reward_fn)
-        train = g.add("train", "train", inputs={"trajectories": scored.out("trajectories")})
+        train = g.add("train", "train", inputs={"trajectories": scored.out("trajectories")}, **(build_kwargs or {}))
         g.add("sync", "sync", inputs={"result": train.out("result")})
         return g
 

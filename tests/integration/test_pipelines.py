@@ -46,8 +46,7 @@ def test_two_steps_of_each_pipeline(cluster, path):
     _check_trajectories(report, 2, 4, 4)
     m = report.metrics
     assert list(m["weight_version"]) == [1, 2]
-    assert shipped.engine.dtype == "bfloat16"
-    assert (m["logprob_mismatch"] < BF16_LOGPROB_TOLERANCE).all(), m["logprob_mismatch"].tolist()
+    assert (m["logprob_mismatch"] < LOGPROB_TOLERANCE).all(), m["logprob_mismatch"].tolist()
     assert (m["failed"] == 0).all()
     assert (m["sync_bytes"] > 0).all()
     if shipped.env == "calc":
@@ -61,6 +60,19 @@ def test_two_steps_of_each_pipeline(cluster, path):
         eq = tok.convert_tokens_to_ids("=")
         tool_tokens = [(tid, m) for r in tok_rows for tid, m in zip(r["token_ids"], r["loss_mask"]) if tid == eq]
         assert tool_tokens and not any(m for _, m in tool_tokens)
+
+
+def test_bf16_engines_learn_from_the_fp32_trainer_through_small_syncs(cluster):
+    # The default engine dtype: bf16 weights synced from the trainer's float32 master weights.
+    p = small_pipeline("guess", groups=4, group_size=4, steps=2, engine=rose.EngineConfig(dtype="bfloat16"),
+                       build_kwargs={"grpo": rose.GRPOConfig(lr=1e-6)})
+    report = rose.run(p, cluster=cluster, progress=False)
+    _check_trajectories(report, 2, 4, 4)
+    m = report.metrics
+    assert list(m["weight_version"]) == [1, 2]
+    assert (m["logprob_mismatch"] < BF16_LOGPROB_TOLERANCE).all(), m["logprob_mismatch"].tolist()
+    # at lr 1e-6 few bf16 elements change: each sync is a fraction of the 1.1 MB model
+    assert (m["sync_bytes"] > 0).all() and (m["sync_bytes"] < 0.25 * 1.1e6).all(), m["sync_bytes"].tolist()
 
 
 def test_a_second_run_starts_from_the_checkpoint_not_the_last_sync(cluster):
