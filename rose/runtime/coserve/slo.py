@@ -1,0 +1,210 @@
+"""The co-serving executor's decisions, as a pure function of a snapshot (DESIGN.md §5).
+
+One executor steps two engines on one device, alternately: the serving engine every iteration,
+then the rollout engine if the plan says so. A serving request therefore sees, between two of its
+tokens, one serving step plus one rollout step: the rollout step is what the plan budgets. Each
+iteration the controller
+
+1. always plans the serving step first (it never waits for rollout work);
+2. predicts the serving step's time and the time left for rollout under the TPOT budget minus a
+   safety margin, from an online fit of step time against batched tokens;
+3. skips the rollout step when a waiting serving request is close to its TTFT deadline;
+4. admits waiting rollout sequences while the predicted rollout step stays within what is left, and
+   while the rollout in-flight caps (sequences, KV tokens: the memory budget) hold;
+5. preempts running rollout sequences, newest first, when even the running batch does not fit or
+   serving needs their KV memory. Preempted sequences keep their tokens and resume later.
+
+`SloController.plan` returns an `IterationPlan`, a plain record; the executor only applies it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rose.errors import config_check
+
+
+@dataclass(frozen=True)
+class SloConfig:
+    """Latency objectives of one serving model."""
+
+    ttft_ms: float  # time to first token, arrival -> first token (ms)
+    tpot_ms: float  # time per output token after the first (ms)
+    attainment: float = 0.99  # fraction of requests that must meet both
+    margin: float = 0.15  # fraction of the TPOT budget rollout may never use (prediction error)
+    ttft_guard: float = 0.5  # a waiting request older than this fraction of ttft_ms stops rollout steps
+
+    def __post_init__(self):
+        c = "SloConfig"
+        for name in ("ttft_ms", "tpot_ms"):
+            v = getattr(self, name)
+            config_check(isinstance(v, (int, float)) and 0 < v < 3_600_000, c, name, v, "in (0, 3600000) ms")
+        config_check(0 < self.attainment <= 1, c, "attainment", self.attainment, "in (0, 1]")
+        config_check(0 <= self.margin < 1, c, "margin", self.margin, "in [0, 1)")
+        config_check(0 < self.ttft_guard <= 1, c, "ttft_guard", self.ttft_guard, "in (0, 1]")
+
+
+@dataclass(frozen=True)
+class RolloutCaps:
+    """The memory budget of rollout work on a serving device, as in-flight caps."""
+
+    max_seqs: int = 64  # rollout sequences running at once
+    max_kv_tokens: int = 32_768  # KV tokens (prompt + generated) rollout sequences may hold
+
+    def __post_init__(self):
+        config_check(self.max_seqs >= 0, "RolloutCaps", "max_seqs", self.max_seqs, ">= 0")
+        config_check(self.max_kv_tokens >= 0, "RolloutCaps", "max_kv_tokens", self.max_kv_tokens, ">= 0")
+
+
+class LatencyModel:
+    """Step time (ms) against tokens batched in the step: a + b * tokens, fitted online.
+
+    Exponentially weighted least squares over the executor's own measurements, plus a running
+    mean of the positive residuals, added to every prediction so it errs high.
+    """
+
+    def __init__(self, base_ms: float = 5.0, per_token_ms: float = 0.5, decay: float = 0.98):
+        self.decay = decay
+        # Weighted sums for the fit; seeded with a prior worth a few observations at two sizes.
+        self._sw = self._sx = self._sy = self._sxx = self._sxy = 0.0
+        for tokens in (1.0, 64.0):
+            self._add(tokens, base_ms + per_token_ms * tokens, weight=2.0)
+        self.slack_ms = 0.0  # mean positive residual
+
+    def _add(self, x: float, y: float, weight: float = 1.0) -> None:
+        d = self.decay
+        self._sw = d * self._sw + weight
+        self._sx = d * self._sx + weight * x
+        self._sy = d * self._sy + weight * y
+        self._sxx = d * self._sxx + weight * x * x
+        self._sxy = d * self._sxy + weight * x * y
+
+    @property
+    def coefficients(self) -> tuple[float, float]:
+        n, sx, sy = self._sw, self._sx, self._sy
+        var = n * self._sxx - sx * sx
+        b = (n * self._sxy - sx * sy) / var if var > 1e-9 else 0.0
+        b = max(b, 0.0)  # more tokens never make a step faster
+        return max((sy - b * sx) / n, 0.0), b
+
+    def observe(self, tokens: int, ms: float) -> None:
+        if tokens < 0 or not ms >= 0:
+            return
+        err = ms - self.predict_mean(tokens)
+        self.slack_ms = self.decay * self.slack_ms + (1 - self.decay) * max(err, 0.0)
+        self._add(float(tokens), float(ms))
+
+    def predict_mean(self, tokens: int) -> float:
+        if tokens <= 0:
+            return 0.0
+        a, b = self.coefficients
+        return a + b * tokens
+
+    def predict(self, tokens: int) -> float:
+        """A conservative estimate (ms) of a step batching `tokens`; 0 for an empty step."""
+        return self.predict_mean(tokens) + self.slack_ms if tokens > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class ServingView:
+    """What the controller needs of the serving engine now."""
+
+    decoding: int = 0  # running sequences: one token each this step
+    waiting_prompt_tokens: tuple[int, ...] = ()  # per waiting request, prompt tokens left to prefill
+    oldest_wait_ms: float = 0.0  # age of the oldest request that has no first token yet
+    kv_free_tokens: int = 1 << 30  # KV tokens the serving engine can still take
+    kv_needed_tokens: int = 0  # KV tokens its waiting requests need to start
+
+
+@dataclass(frozen=True)
+class RolloutSeq:
+    request_id: str
+    kv_tokens: int  # prompt + generated so far
+    admitted_at: float = 0.0  # monotonic order of admission (newest preempted first)
+
+
+@dataclass(frozen=True)
+class RolloutView:
+    running: tuple[RolloutSeq, ...] = ()
+    waiting: tuple[RolloutSeq, ...] = ()  # fresh or preempted sequences, in arrival order
+    # KV tokens the device can give to rollout beyond what serving holds and reserves right now
+    kv_available_tokens: int = 1 << 30
+
+
+@dataclass(frozen=True)
+class IterationPlan:
+    serving_tokens: int  # tokens the serving step batches (prefill chunk + decodes)
+    serving_ms: float  # predicted serving step time
+    rollout_step: bool  # step the rollout engine after the serving engine
+    rollout_admit: tuple[str, ...] = ()
+    rollout_preempt: tuple[str, ...] = ()
+    rollout_tokens: int = 0  # tokens the rollout step batches (one per running sequence)
+    rollout_ms: float = 0.0  # predicted rollout step time
+    budget_ms: float = 0.0  # what rollout could use: TPOT budget minus margin minus serving_ms
+    reason: str = ""  # why rollout was held back, if it was
+    notes: dict = field(default_factory=dict)
+
+
+class SloController:
+    """Plans each iteration of one co-serving executor. Holds only the latency models it learns."""
+
+    def __init__(self, slo: SloConfig, caps: RolloutCaps = RolloutCaps(), prefill_chunk: int = 512,
+                 serving_model: LatencyModel | None = None, rollout_model: LatencyModel | None = None):
+        self.slo = slo
+        self.caps = caps
+        self.prefill_chunk = prefill_chunk  # prompt tokens the serving engine prefills per step at most
+        self.serving_model = serving_model or LatencyModel()
+        self.rollout_model = rollout_model or LatencyModel()
+
+    def plan(self, serving: ServingView, rollout: RolloutView) -> IterationPlan:
+        prefill = min(sum(serving.waiting_prompt_tokens), self.prefill_chunk)
+        s_tokens = serving.decoding + prefill
+        s_ms = self.serving_model.predict(s_tokens)
+        budget = self.slo.tpot_ms * (1 - self.slo.margin) - s_ms
+        running = sorted(rollout.running, key=lambda r: r.admitted_at)
+
+        # Memory first: serving requests that cannot start for lack of KV take it from rollout.
+        preempt: list[RolloutSeq] = []
+        pressure = serving.kv_needed_tokens > serving.kv_free_tokens
+        kv_short = max(0, serving.kv_needed_tokens - serving.kv_free_tokens)
+        while kv_short > 0 and running:
+            victim = running.pop()
+            preempt.append(victim)
+            kv_short -= victim.kv_tokens
+        held = sum(r.kv_tokens for r in running)
+        while running and (len(running) > self.caps.max_seqs or held > self.caps.max_kv_tokens
+                           or held > rollout.kv_available_tokens):
+            victim = running.pop()
+            preempt.append(victim)
+            held -= victim.kv_tokens
+
+        def done(step: bool, reason: str = "", admit=(), tokens: int = 0) -> IterationPlan:
+            tokens = tokens if step else 0
+            return IterationPlan(s_tokens, s_ms, step and tokens > 0, tuple(admit),
+                                 tuple(r.request_id for r in preempt), tokens,
+                                 self.rollout_model.predict(tokens), budget, reason)
+
+        if serving.waiting_prompt_tokens and serving.oldest_wait_ms >= self.slo.ttft_guard * self.slo.ttft_ms:
+            return done(False, "a serving request is near its TTFT deadline")
+        if budget <= 0:
+            return done(False, "the serving step alone uses the TPOT budget")
+        # The running batch must fit; otherwise shed the newest until it does (they resume later).
+        while running and self.rollout_model.predict(len(running)) > budget:
+            preempt.append(running.pop())
+        if not running and not rollout.waiting:
+            return done(False, "no rollout work")
+        admit: list[str] = []
+        held = sum(r.kv_tokens for r in running)
+        tokens = len(running)  # one decode token per running sequence
+        if not pressure:  # never admit while serving is short of memory (what was freed is serving's)
+            for w in rollout.waiting:
+                # An admitted sequence's first step computes its whole context (a preempted one's
+                # prefix may be cached; counting it all errs on the side of serving).
+                if (len(running) + 1 > self.caps.max_seqs or held + w.kv_tokens > self.caps.max_kv_tokens
+                        or held + w.kv_tokens > rollout.kv_available_tokens
+                        or self.rollout_model.predict(tokens + w.kv_tokens) > budget):
+                    break
+                running.append(w)
+                held += w.kv_tokens
+                tokens += w.kv_tokens
+                admit.append(w.request_id)
+        return done(True, "" if running else "no rollout sequence fits", admit, tokens)

@@ -1,0 +1,123 @@
+"""The co-serving controller's decisions: pure, property-tested."""
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rose.errors import ConfigError
+from rose.runtime.coserve.slo import (
+    LatencyModel,
+    RolloutCaps,
+    RolloutSeq,
+    RolloutView,
+    ServingView,
+    SloConfig,
+    SloController,
+)
+
+
+def _model(base, per_token):
+    m = LatencyModel(base, per_token)
+    for t in (1, 8, 64, 256):
+        m.observe(t, base + per_token * t)
+    return m
+
+
+@st.composite
+def situations(draw):
+    serving = ServingView(
+        decoding=draw(st.integers(0, 64)),
+        waiting_prompt_tokens=tuple(draw(st.lists(st.integers(1, 2048), max_size=6))),
+        oldest_wait_ms=draw(st.floats(0, 2000)),
+        kv_free_tokens=draw(st.integers(0, 50_000)),
+        kv_needed_tokens=draw(st.integers(0, 50_000)),
+    )
+    running = tuple(RolloutSeq(f"r{i}", draw(st.integers(1, 2000)), admitted_at=float(i))
+                    for i in range(draw(st.integers(0, 40))))
+    waiting = tuple(RolloutSeq(f"w{i}", draw(st.integers(1, 2000))) for i in range(draw(st.integers(0, 20))))
+    rollout = RolloutView(running, waiting, kv_available_tokens=draw(st.integers(0, 60_000)))
+    slo = SloConfig(ttft_ms=draw(st.floats(50, 5000)), tpot_ms=draw(st.floats(5, 200)))
+    caps = RolloutCaps(max_seqs=draw(st.integers(0, 64)), max_kv_tokens=draw(st.integers(0, 40_000)))
+    base, per = draw(st.floats(0.5, 20)), draw(st.floats(0.001, 0.5))
+    ctl = SloController(slo, caps, serving_model=_model(base, per), rollout_model=_model(base, per))
+    return ctl, serving, rollout
+
+
+@settings(max_examples=300, deadline=None)
+@given(situations())
+def test_rollout_never_runs_over_the_budget_and_caps_hold(s):
+    ctl, serving, rollout = s
+    plan = ctl.plan(serving, rollout)
+    if plan.rollout_step:
+        assert plan.rollout_ms <= plan.budget_ms  # predicted: within TPOT minus margin minus serving
+        assert plan.budget_ms <= ctl.slo.tpot_ms * (1 - ctl.slo.margin)
+    running = ({r.request_id: r for r in rollout.running}.keys() - set(plan.rollout_preempt)) | set(plan.rollout_admit)
+    kv = {r.request_id: r.kv_tokens for r in rollout.running + rollout.waiting}
+    if plan.rollout_admit:  # caps bind whatever is admitted
+        assert len(running) <= ctl.caps.max_seqs
+        assert sum(kv[r] for r in running) <= min(ctl.caps.max_kv_tokens, rollout.kv_available_tokens)
+    assert set(plan.rollout_preempt) <= {r.request_id for r in rollout.running}
+    assert set(plan.rollout_admit) <= {r.request_id for r in rollout.waiting}
+
+
+@settings(max_examples=200, deadline=None)
+@given(situations(), situations())
+def test_serving_is_planned_first_whatever_rollout_wants(a, b):
+    ctl, serving, rollout = a
+    _, _, other_rollout = b
+    one, two = ctl.plan(serving, rollout), ctl.plan(serving, other_rollout)
+    assert one.serving_tokens == two.serving_tokens == serving.decoding + min(sum(serving.waiting_prompt_tokens),
+                                                                              ctl.prefill_chunk)
+
+
+@settings(max_examples=200, deadline=None)
+@given(situations())
+def test_under_memory_pressure_rollout_is_preempted_and_nothing_admitted(s):
+    ctl, serving, rollout = s
+    short = serving.kv_needed_tokens - serving.kv_free_tokens
+    plan = ctl.plan(serving, rollout)
+    if short > 0:
+        freed = sum(r.kv_tokens for r in rollout.running if r.request_id in plan.rollout_preempt)
+        assert freed >= short or len(plan.rollout_preempt) == len(rollout.running)
+        assert not plan.rollout_admit
+        # newest first: every preempted sequence is newer than every kept one
+        kept = [r.admitted_at for r in rollout.running if r.request_id not in plan.rollout_preempt]
+        gone = [r.admitted_at for r in rollout.running if r.request_id in plan.rollout_preempt]
+        assert not kept or not gone or max(kept) < min(gone)
+
+
+def test_a_request_near_its_ttft_deadline_stops_rollout_steps():
+    ctl = SloController(SloConfig(ttft_ms=200, tpot_ms=50))
+    rollout = RolloutView((RolloutSeq("r0", 10),), (RolloutSeq("w0", 10),))
+    calm = ctl.plan(ServingView(decoding=2, waiting_prompt_tokens=(16,), oldest_wait_ms=10), rollout)
+    assert calm.rollout_step and calm.rollout_admit == ("w0",)
+    late = ctl.plan(ServingView(decoding=2, waiting_prompt_tokens=(16,), oldest_wait_ms=150), rollout)
+    assert not late.rollout_step and not late.rollout_admit and "TTFT" in late.reason
+
+
+def test_a_slow_running_batch_is_shed_newest_first():
+    slow = _model(2.0, 1.0)  # 1 ms per token
+    ctl = SloController(SloConfig(ttft_ms=1000, tpot_ms=40, margin=0.0), serving_model=_model(2.0, 0.1),
+                        rollout_model=slow)
+    running = tuple(RolloutSeq(f"r{i}", 5, admitted_at=i) for i in range(60))
+    plan = ctl.plan(ServingView(decoding=10), RolloutView(running))
+    assert plan.rollout_step and plan.rollout_ms <= plan.budget_ms
+    assert plan.rollout_preempt and plan.rollout_preempt[0] == "r59"
+
+
+def test_latency_model_learns_a_line_and_errs_high():
+    m = LatencyModel(base_ms=1.0, per_token_ms=0.01)
+    for _ in range(200):
+        for t in (4, 32, 128):
+            m.observe(t, 3.0 + 0.2 * t)
+    a, b = m.coefficients
+    assert a == pytest.approx(3.0, abs=0.2) and b == pytest.approx(0.2, abs=0.01)
+    assert m.predict(64) >= m.predict_mean(64) and m.predict(0) == 0.0
+
+
+@pytest.mark.parametrize("kwargs, field", [({"ttft_ms": 0, "tpot_ms": 10}, "ttft_ms"),
+                                           ({"ttft_ms": 100, "tpot_ms": -1}, "tpot_ms"),
+                                           ({"ttft_ms": 100, "tpot_ms": 10, "attainment": 1.5}, "attainment"),
+                                           ({"ttft_ms": 100, "tpot_ms": 10, "margin": 1.0}, "margin")])
+def test_slo_config_is_validated(kwargs, field):
+    with pytest.raises(ConfigError, match=field):
+        SloConfig(**kwargs)
