@@ -1,4 +1,5 @@
-"""`rose` command line: `rose run PIPELINE.py [--steps N] [--seed S] [--out DIR] [--json]`."""
+"""`rose` command line: `rose run PIPELINE.py [--steps N] [--seed S] [--out DIR] [--json]`, and
+`rose serve-load URL [--trace FILE | --rate R --burst ...] [--duration S]`."""
 from __future__ import annotations
 
 import json
@@ -72,6 +73,67 @@ def run_cmd(pipeline, steps, seed, out, scheduler, as_json):
     else:
         click.echo("  ".join(f"{k}={v}" for k, v in summary.items()))
     sys.exit(0)
+
+
+def _floats(value: str | None, n: int, name: str):
+    if value is None:
+        return None
+    try:
+        parts = tuple(float(x) for x in value.split(","))
+    except ValueError:
+        parts = ()
+    if len(parts) != n:
+        raise click.BadParameter(f"{name} takes {n} comma-separated numbers, got {value!r}")
+    return parts
+
+
+@main.command("serve-load")
+@click.argument("url")
+@click.option("--trace", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="replay a CSV in the Azure LLM inference trace format instead of synthetic arrivals")
+@click.option("--time-scale", type=float, default=1.0, show_default=True, help="trace: multiply arrival gaps")
+@click.option("--token-scale", type=float, default=1.0, show_default=True, help="trace: multiply token counts")
+@click.option("--rate", type=float, default=2.0, show_default=True, help="synthetic: mean requests per second")
+@click.option("--burst", default="20,4,3", show_default=True,
+              help="synthetic: EVERY_S,LENGTH_S,FACTOR (rate x FACTOR for LENGTH_S every EVERY_S); 'none' for none")
+@click.option("--diurnal", default=None, help="synthetic: PERIOD_S,AMPLITUDE of a sine swing of the rate")
+@click.option("--prompt-tokens", default="16,48", show_default=True, help="MIN,MAX prompt tokens (trace: MAX)")
+@click.option("--max-tokens", default="8,32", show_default=True, help="MIN,MAX generated tokens (trace: MAX)")
+@click.option("--duration", type=float, default=60.0, show_default=True, help="seconds of traffic")
+@click.option("--ttft-ms", type=float, default=1000.0, show_default=True, help="SLO: time to first token")
+@click.option("--tpot-ms", type=float, default=100.0, show_default=True, help="SLO: time per output token")
+@click.option("--seed", type=int, default=0)
+@click.option("--json", "as_json", is_flag=True, help="print one JSON summary line last")
+def serve_load_cmd(url, trace, time_scale, token_scale, rate, burst, diurnal, prompt_tokens, max_tokens, duration,
+                   ttft_ms, tpot_ms, seed, as_json):
+    """Send serving traffic to URL (a ROSE serving worker or any OpenAI-compatible completions server)
+    and measure TTFT, TPOT and SLO attainment on the client side."""
+    import asyncio
+
+    from rose.errors import ConfigError
+    from rose.runtime.coserve import traffic
+
+    lo_p, hi_p = (int(x) for x in _floats(prompt_tokens, 2, "--prompt-tokens"))
+    lo_g, hi_g = (int(x) for x in _floats(max_tokens, 2, "--max-tokens"))
+    try:
+        if trace:
+            arrivals = traffic.azure_trace(trace, time_scale, token_scale, hi_p, hi_g, duration)
+        else:
+            b = None if burst == "none" else traffic.Burst(*_floats(burst, 3, "--burst"))
+            period, amp = _floats(diurnal, 2, "--diurnal") or (0.0, 0.0)
+            arrivals = traffic.synthetic(rate, duration, (lo_p, hi_p), (lo_g, hi_g), b, period, amp, seed)
+    except ConfigError as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(f"{len(arrivals)} requests over {duration:.0f} s to {url}", err=True)
+    try:
+        report = asyncio.run(traffic.play(url.rstrip("/"), arrivals, ttft_ms, tpot_ms, seed))
+    except OSError as e:
+        raise click.ClickException(f"cannot reach {url}: {e}") from None
+    summary = report.summary()
+    if as_json:
+        click.echo(json.dumps(summary))
+    else:
+        click.echo("  ".join(f"{k}={v}" for k, v in summary.items()))
 
 
 if __name__ == "__main__":

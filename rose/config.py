@@ -102,10 +102,19 @@ class ClusterConfig:
     # shard into a site once). Empty: everyone in one site.
     trainer_site: str = "default"
     dedicated_sites: tuple[str, ...] = ()  # one per dedicated worker, or empty
+    num_serving: int = 0  # serving workers: a serving model online, rollouts in its spare capacity
+    serving_model: str | None = None  # the model serving workers serve (a Hugging Face directory)
+    serving_ttft_ms: float = 1000.0  # their SLOs
+    serving_tpot_ms: float = 100.0
 
     def __post_init__(self):
         c = "ClusterConfig"
-        _positive(c, "num_dedicated", self.num_dedicated)
+        _positive(c, "num_dedicated", self.num_dedicated, allow_zero=True)
+        _positive(c, "num_serving", self.num_serving, allow_zero=True)
+        config_check(self.num_dedicated + self.num_serving > 0, c, "num_dedicated", self.num_dedicated,
+                     ">= 1, or serving workers (num_serving) to run rollouts")
+        config_check(self.num_serving == 0 or bool(self.serving_model), c, "serving_model", self.serving_model,
+                     "a model directory when num_serving > 0")
         config_check(bool(self.trainer_site), c, "trainer_site", self.trainer_site, "a non-empty site name")
         config_check(not self.dedicated_sites or (len(self.dedicated_sites) == self.num_dedicated
                                                   and all(self.dedicated_sites)),

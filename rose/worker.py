@@ -1,4 +1,5 @@
-"""Worker side: `dask worker SCHED --preload rose.worker --rose-role {trainer,dedicated} [--rose-site S]`.
+"""Worker side: `dask worker SCHED --preload rose.worker --rose-role {trainer,dedicated,serving} [--rose-site S]`
+(serving workers also take `--rose-serving-model DIR [--rose-http-port P]`).
 
 The `RoseWorker` plugin holds a worker's long-lived state, built once per worker and reached from
 tasks with `rose_worker()`: on a rollout worker the vLLM engine, the loop thread that steps it and
@@ -22,8 +23,8 @@ from rose.errors import ConfigError
 logger = logging.getLogger("rose.worker")
 
 PLUGIN_NAME = "rose"
-ROLES = ("trainer", "dedicated")  # the serving role comes with the co-serving executor
-ROLLOUT_ROLES = ("dedicated",)
+ROLES = ("trainer", "dedicated", "serving")
+ROLLOUT_ROLES = ("dedicated", "serving")
 DEFAULT_SITE = "default"
 
 
@@ -59,6 +60,7 @@ class RoseWorker(WorkerPlugin):
         # parallel group is not initialized"). A rollout worker normally serves one model for life.
         self._engines: dict[tuple, tuple] = {}
         self.trainer = None  # Trainer on the trainer worker
+        self.serving = None  # ServingHost on serving workers (executor + HTTP front end)
         self._lock = threading.Lock()
 
     def setup(self, worker):
@@ -89,9 +91,23 @@ class RoseWorker(WorkerPlugin):
     def teardown(self, worker):
         for loop, _ in self._engines.values():
             loop.close()
+        if self.serving is not None:
+            self.serving.executor.close()
+
+    async def start_serving(self, cfg) -> int:
+        """Serving role: build the serving engine and executor, open the HTTP front end."""
+        from rose.runtime.coserve.host import ServingHost
+
+        if self.role != "serving":
+            raise ConfigError(f"worker role {self.role!r} cannot serve; start it with --rose-role serving")
+        self.serving = ServingHost(cfg, self.cores)
+        self.loop = self.serving.executor  # rollout tasks reach the rollout engine through the executor
+        self.tokenizer = None  # the run's tokenizer comes with prepare
+        return await self.serving.start_http()
 
     def report(self) -> dict:
-        return {"role": self.role, "site": self.site,
+        serving = self.serving.report() if self.serving is not None else {}
+        return {"role": self.role, "site": self.site, **serving,
                 # the version this worker's engine runs (rollout workers) or last published (trainer);
                 # read by the scheduler from worker metrics
                 "weight_version": (self.loop.weight_version if self.loop
@@ -109,7 +125,15 @@ class RoseWorker(WorkerPlugin):
             if self.role in ROLLOUT_ROLES:
                 key = (spec.model_dir, spec.max_model_len, spec.engine)
                 checkpoint = _checkpoint_tensors(spec.model_dir)
-                if key in self._engines:
+                if self.role == "serving":
+                    from transformers import AutoTokenizer
+
+                    if self.serving is None:
+                        raise ConfigError(f"serving worker {self.address} has no serving model; start it with "
+                                          "--rose-serving-model DIR")
+                    self.serving.prepare_rollout(spec, checkpoint)
+                    self.tokenizer = AutoTokenizer.from_pretrained(spec.model_dir)
+                elif key in self._engines:
                     self.loop, self.tokenizer = self._engines[key]
                     self.loop.load_weights(checkpoint, 0).result()
                 else:
@@ -216,6 +240,24 @@ def _parse_cores(value: str | None) -> tuple[int, ...] | None:
 @click.option("--rose-cores", default=None, help="comma-separated CPU cores to bind the engine/trainer to")
 @click.option("--rose-site", default=DEFAULT_SITE, show_default=True,
               help="network site of this worker: weight sync sends each shard into a site once")
-async def dask_setup(worker, rose_role, rose_cores, rose_site):
-    await worker.plugin_add(RoseWorker(role=rose_role, cores=_parse_cores(rose_cores), site=rose_site),
-                            name=PLUGIN_NAME)
+@click.option("--rose-serving-model", default=None, help="serving role: the model this worker serves online")
+@click.option("--rose-http-port", type=int, default=0, show_default=True,
+              help="serving role: port of the OpenAI-compatible HTTP endpoint (0: any free port)")
+@click.option("--rose-http-host", default="127.0.0.1", show_default=True, help="serving role: address to listen on")
+@click.option("--rose-ttft-ms", type=float, default=1000.0, show_default=True, help="serving role: TTFT SLO")
+@click.option("--rose-tpot-ms", type=float, default=100.0, show_default=True, help="serving role: TPOT SLO")
+@click.option("--rose-rollout-seqs", type=int, default=64, show_default=True,
+              help="serving role: at most this many rollout sequences in flight (the memory budget)")
+async def dask_setup(worker, rose_role, rose_cores, rose_site, rose_serving_model, rose_http_port, rose_http_host,
+                     rose_ttft_ms, rose_tpot_ms, rose_rollout_seqs):
+    plugin = RoseWorker(role=rose_role, cores=_parse_cores(rose_cores), site=rose_site)
+    await worker.plugin_add(plugin, name=PLUGIN_NAME)
+    if rose_role == "serving":
+        from rose.runtime.coserve.host import ServingConfig
+        from rose.runtime.coserve.slo import RolloutCaps, SloConfig
+
+        if not rose_serving_model:
+            raise click.UsageError("--rose-role serving needs --rose-serving-model DIR")
+        cfg = ServingConfig(rose_serving_model, rose_http_host, rose_http_port, SloConfig(rose_ttft_ms, rose_tpot_ms),
+                            RolloutCaps(max_seqs=rose_rollout_seqs))
+        await worker.plugins[PLUGIN_NAME].start_serving(cfg)

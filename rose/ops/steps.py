@@ -57,7 +57,12 @@ class RolloutOp(Op):
     name = "rollout"
     inputs = {"specs": SPECS}
     outputs = {"trajectories": TRAJECTORIES}
-    params = {"retries": int}
+    params = {"retries": int, "role": str}  # role: "dedicated" (default) or "serving"
+
+    def check_params(self, params):
+        super().check_params(params)
+        if params.get("role", "dedicated") not in ("dedicated", "serving"):
+            raise ValueError(f"role={params['role']!r} must be 'dedicated' or 'serving'")
 
     def lower(self, node, ctx, inputs):
         groups: dict[int, list[RolloutSpec]] = {}
@@ -68,7 +73,7 @@ class RolloutOp(Op):
             key = task_key(ctx, node, f"g{group_id}")
             # The key carries step and group; annotations are per node, so a step's rollouts
             # travel to the scheduler as one batch.
-            tasks.append(TaskSpec(key, run_rollout, (tuple(specs),), role="dedicated",
+            tasks.append(TaskSpec(key, run_rollout, (tuple(specs),), role=node.params.get("role", "dedicated"),
                                   retries=node.params.get("retries", 2), annotations={"rose-role": "rollout"}))
             outs.append(Ref(key))
         return tasks, {"trajectories": outs}

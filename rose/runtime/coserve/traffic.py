@@ -1,0 +1,195 @@
+"""Serving traffic: arrival schedules, and a client that plays them against an HTTP endpoint.
+
+Schedules are lists of `Arrival` (seconds from the start, prompt tokens, tokens to generate):
+- `synthetic`: Poisson arrivals whose rate swings with a diurnal sine and jumps during on/off bursts;
+- `azure_trace`: replay of a CSV in the Azure LLM inference trace format
+  (`TIMESTAMP,ContextTokens,GeneratedTokens`), time-scaled and token-scaled to the model at hand.
+`play` sends each request at its time as a streaming `/v1/completions` call and measures TTFT and
+TPOT on the client side, as a user would see them.
+"""
+from __future__ import annotations
+
+import asyncio
+import csv
+import json
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from rose.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Arrival:
+    t: float  # seconds from the start of the run
+    prompt_tokens: int
+    max_tokens: int
+
+
+@dataclass(frozen=True)
+class Burst:
+    every_s: float = 20.0  # a burst starts every this many seconds
+    length_s: float = 4.0  # and lasts this long
+    factor: float = 3.0  # arrival rate multiplier during a burst
+
+    def __post_init__(self):
+        if not (self.every_s > 0 and 0 < self.length_s <= self.every_s and self.factor >= 1):
+            raise ConfigError(f"burst every={self.every_s}s length={self.length_s}s factor={self.factor}: need "
+                              "every > 0, 0 < length <= every, factor >= 1")
+
+
+def synthetic(rate: float, duration_s: float, prompt_tokens: tuple[int, int] = (16, 48),
+              max_tokens: tuple[int, int] = (8, 32), burst: Burst | None = Burst(),
+              diurnal_period_s: float = 0.0, diurnal_amplitude: float = 0.0, seed: int = 0) -> list[Arrival]:
+    """Poisson arrivals at `rate` per second on average outside bursts (thinning of a bounded rate)."""
+    if rate <= 0 or duration_s <= 0:
+        raise ConfigError(f"rate={rate}/s and duration={duration_s}s must both be > 0")
+    if not 0 <= diurnal_amplitude < 1:
+        raise ConfigError(f"diurnal amplitude {diurnal_amplitude} must be in [0, 1)")
+    rng = random.Random(seed)
+
+    def rate_at(t: float) -> float:
+        r = rate
+        if diurnal_period_s > 0:
+            r *= 1 + diurnal_amplitude * math.sin(2 * math.pi * t / diurnal_period_s)
+        if burst is not None and (t % burst.every_s) < burst.length_s:
+            r *= burst.factor
+        return r
+
+    peak = rate * (1 + diurnal_amplitude) * (burst.factor if burst else 1)
+    out, t = [], 0.0
+    while True:
+        t += rng.expovariate(peak)
+        if t >= duration_s:
+            return out
+        if rng.random() * peak <= rate_at(t):
+            out.append(Arrival(t, rng.randint(*prompt_tokens), rng.randint(*max_tokens)))
+
+
+def azure_trace(path: str, time_scale: float = 1.0, token_scale: float = 1.0, max_prompt: int = 64,
+                max_gen: int = 32, duration_s: float | None = None, start_s: float = 0.0) -> list[Arrival]:
+    """Arrivals from an Azure-format CSV. Gaps are multiplied by `time_scale` (0.1 = ten times the
+    rate), token counts by `token_scale`, then clipped to [1, max_prompt] and [1, max_gen]."""
+    rows = []
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        missing = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} - set(reader.fieldnames or ())
+        if missing:
+            raise ConfigError(f"{path}: not an Azure LLM inference trace (missing columns {sorted(missing)})")
+        for i, row in enumerate(reader, start=2):
+            try:
+                ts = datetime.fromisoformat(row["TIMESTAMP"].strip()[:26]).timestamp()
+                rows.append((ts, int(row["ContextTokens"]), int(row["GeneratedTokens"])))
+            except (ValueError, TypeError) as e:
+                raise ConfigError(f"{path}:{i}: bad row {row}: {e}") from None
+    if not rows:
+        raise ConfigError(f"{path}: no requests")
+    t0 = rows[0][0] + start_s
+    out = []
+    for ts, ctx, gen in rows:
+        if ts < t0:
+            continue
+        t = (ts - t0) * time_scale
+        if duration_s is not None and t >= duration_s:
+            break
+        out.append(Arrival(t, max(1, min(max_prompt, round(ctx * token_scale))),
+                           max(1, min(max_gen, round(gen * token_scale)))))
+    return out
+
+
+@dataclass
+class RequestResult:
+    arrival: Arrival
+    status: int = 0
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    tokens: int = 0
+    error: str | None = None
+
+
+@dataclass
+class LoadReport:
+    results: list[RequestResult] = field(default_factory=list)
+    ttft_ms: float = 0.0  # the SLO the attainment was measured against
+    tpot_ms: float = 0.0
+
+    def ok(self, r: RequestResult) -> bool:
+        return (r.status == 200 and r.ttft_ms is not None and r.ttft_ms <= self.ttft_ms
+                and (r.tpot_ms is None or r.tpot_ms <= self.tpot_ms))
+
+    @property
+    def attainment(self) -> float:
+        return sum(self.ok(r) for r in self.results) / len(self.results) if self.results else 1.0
+
+    @staticmethod
+    def _p(values, q):
+        v = sorted(x for x in values if x is not None)
+        return v[min(len(v) - 1, int(q * len(v)))] if v else float("nan")
+
+    def summary(self) -> dict:
+        rs = self.results
+        return {"requests": len(rs), "errors": sum(r.status != 200 for r in rs),
+                "slo_attainment": round(self.attainment, 4),
+                "ttft_p50_ms": round(self._p([r.ttft_ms for r in rs], 0.5), 1),
+                "ttft_p99_ms": round(self._p([r.ttft_ms for r in rs], 0.99), 1),
+                "tpot_p50_ms": round(self._p([r.tpot_ms for r in rs], 0.5), 1),
+                "tpot_p99_ms": round(self._p([r.tpot_ms for r in rs], 0.99), 1),
+                "tokens": sum(r.tokens for r in rs)}
+
+
+async def _one(http, a: Arrival, model: str, vocab: int, rng: random.Random) -> RequestResult:
+    res = RequestResult(a)
+    prompt = [rng.randrange(5, vocab) for _ in range(a.prompt_tokens)]
+    body = {"model": model, "prompt": prompt, "max_tokens": a.max_tokens, "stream": True, "ignore_eos": True,
+            "temperature": 1.0}
+    t0 = time.perf_counter()
+    t_first = t_last = None
+    try:
+        async with http.post("/v1/completions", json=body) as r:
+            res.status = r.status
+            if r.status != 200:
+                res.error = (await r.text())[:300]
+                return res
+            async for line in r.content:
+                if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
+                    continue
+                n = len(json.loads(line[6:])["choices"][0].get("token_ids", []))
+                if n:
+                    t_last = time.perf_counter()
+                    t_first = t_first or t_last
+                    res.tokens += n
+    except (OSError, asyncio.TimeoutError) as e:  # aiohttp.ClientError is an OSError
+        res.error = f"{type(e).__name__}: {e}"
+        return res
+    if t_first is not None:
+        res.ttft_ms = (t_first - t0) * 1e3
+        if res.tokens > 1:
+            res.tpot_ms = (t_last - t_first) * 1e3 / (res.tokens - 1)
+    return res
+
+
+async def play(url: str, arrivals: list[Arrival], ttft_ms: float, tpot_ms: float, seed: int = 0,
+               progress=None) -> LoadReport:
+    """Send every arrival at its time; returns per-request client-side measurements."""
+    import aiohttp
+
+    rng = random.Random(seed)
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=300)
+    async with aiohttp.ClientSession(url, timeout=timeout,
+                                     connector=aiohttp.TCPConnector(limit=0)) as http:
+        async with http.get("/v1/models") as r:
+            info = (await r.json())["data"][0]
+        model, vocab = info["id"], int(info.get("vocab_size", 32))
+        start = time.perf_counter()
+        tasks = []
+        for a in arrivals:
+            delay = start + a.t - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(_one(http, a, model, vocab, rng)))
+            if progress:
+                progress(len(tasks))
+        results = await asyncio.gather(*tasks)
+    return LoadReport(list(results), ttft_ms, tpot_ms)

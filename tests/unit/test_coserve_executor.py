@@ -1,0 +1,67 @@
+"""The co-serving executor applies its controller's plans: pure logic on FakeEngines."""
+from rose.runtime.coserve.executor import CoServingExecutor
+from rose.runtime.coserve.slo import IterationPlan, SloConfig, SloController
+from rose.runtime.engine import SamplingSpec
+from rose.runtime.engine.fake import FakeEngine
+
+
+class PreemptOnce(SloController):
+    """Admits everything; on iteration `at`, preempts every running rollout sequence."""
+
+    def __init__(self, at: int):
+        super().__init__(SloConfig(ttft_ms=1000, tpot_ms=1000))
+        self.at, self.n = at, 0
+
+    def plan(self, serving, rollout):
+        self.n += 1
+        if self.n == self.at:
+            return IterationPlan(serving.decoding, 0.0, False,
+                                 rollout_preempt=tuple(r.request_id for r in rollout.running))
+        return IterationPlan(serving.decoding, 0.0, True, rollout_admit=tuple(r.request_id for r in rollout.waiting),
+                             rollout_tokens=len(rollout.running) + len(rollout.waiting))
+
+
+def test_preempted_rollouts_resume_without_lost_or_duplicated_tokens():
+    ex = CoServingExecutor(FakeEngine(), FakeEngine(), PreemptOnce(at=4))
+    try:
+        futs = [ex.generate([1, 2, 3], SamplingSpec(max_tokens=10), request_id=f"r{i}") for i in range(3)]
+        served = ex.serve([4, 5], SamplingSpec(max_tokens=6))
+        gens = [f.result(timeout=10) for f in futs]
+        for g in gens:
+            assert len(g.token_ids) == len(g.logprobs) == len(g.weight_versions) == 10  # exactly max_tokens
+            assert set(g.weight_versions) == {0} and g.finish_reason == "length"
+        assert ex.stats["preemptions"] == 3
+        got = []
+        while True:
+            toks, done, _ = served.deltas.get(timeout=10)
+            got += toks
+            if done:
+                break
+        assert len(got) == 6 and served.t_first is not None
+    finally:
+        ex.close()
+
+
+def test_weights_never_change_under_rollouts_in_flight_and_serving_is_never_a_target():
+    serving, rollout = FakeEngine(), FakeEngine()
+    ex = CoServingExecutor(serving, rollout, SloController(SloConfig(ttft_ms=1000, tpot_ms=1000)))
+    try:
+        assert ex.load_weights({}, 3).result(timeout=10) == 3
+        assert rollout.weight_version == 3 and serving.weight_version == 0
+        g = ex.generate([1], SamplingSpec(max_tokens=4)).result(timeout=10)
+        assert g.weight_versions == [3, 3, 3, 3]
+    finally:
+        ex.close()
+
+
+def test_a_bad_serving_request_fails_alone():
+    ex = CoServingExecutor(FakeEngine(max_model_len=8), FakeEngine(), SloController(SloConfig(ttft_ms=1000,
+                                                                                               tpot_ms=1000)))
+    try:
+        bad = ex.serve(list(range(20)), SamplingSpec(max_tokens=2))
+        toks, done, reason = bad.deltas.get(timeout=10)
+        assert done and reason.startswith("error") and "does not fit" in reason
+        ok = ex.serve([1, 2], SamplingSpec(max_tokens=2))
+        assert ok.deltas.get(timeout=10)[0]
+    finally:
+        ex.close()
