@@ -121,3 +121,20 @@ def test_latency_model_learns_a_line_and_errs_high():
 def test_slo_config_is_validated(kwargs, field):
     with pytest.raises(ConfigError, match=field):
         SloConfig(**kwargs)
+
+
+@settings(max_examples=200, deadline=None)
+@given(situations(), st.floats(0, 1), st.booleans())
+def test_shared_memory_pressure_puts_rollout_to_sleep_and_it_wakes_only_with_room(s, usage, asleep):
+    ctl, serving, rollout = s
+    serving = ServingView(serving.decoding, serving.waiting_prompt_tokens, serving.oldest_wait_ms, kv_usage=usage)
+    rollout = RolloutView(rollout.running if not asleep else (), rollout.waiting, can_sleep=True, asleep=asleep)
+    plan = ctl.plan(serving, rollout)
+    if usage >= ctl.caps.sleep_at:
+        assert not plan.rollout_step and not plan.rollout_admit
+        assert set(plan.rollout_preempt) == {r.request_id for r in rollout.running}
+        assert plan.rollout_sleep is (None if asleep else True)
+    if asleep and usage > ctl.caps.wake_at:
+        assert plan.rollout_sleep is not False and not plan.rollout_admit
+    if plan.rollout_admit and asleep:
+        assert plan.rollout_sleep is False  # woken before anything runs on it

@@ -86,6 +86,7 @@ class CoServingExecutor:
         self._serving_reqs: dict[str, ServingRequest] = {}  # loop thread only
         self._waiting: list[_Rollout] = []  # not in the engine: new or preempted, in order
         self._running: dict[str, _Rollout] = {}  # by engine request id
+        self._asleep = False  # the rollout engine gave its device memory back (GPU co-serving)
         # Counters (written by the loop thread): iterations, preemptions, tokens by kind.
         self.stats = {"iterations": 0, "preemptions": 0, "rollout_tokens": 0, "serving_tokens": 0,
                       "rollout_steps": 0}
@@ -225,10 +226,12 @@ class CoServingExecutor:
         serving = ServingView(
             decoding=len(self._serving_reqs) - len(waiting),
             waiting_prompt_tokens=tuple(q.prompt_tokens for q in waiting),
-            oldest_wait_ms=max(((now - q.t_arrival) * 1e3 for q in waiting), default=0.0))
+            oldest_wait_ms=max(((now - q.t_arrival) * 1e3 for q in waiting), default=0.0),
+            kv_usage=self.serving.kv_usage())
         rollout = RolloutView(
             running=tuple(RolloutSeq(eid, len(r.context), r.admitted_at) for eid, r in self._running.items()),
-            waiting=tuple(RolloutSeq(r.rid, len(r.context)) for r in self._waiting))
+            waiting=tuple(RolloutSeq(r.rid, len(r.context)) for r in self._waiting),
+            can_sleep=bool(getattr(self.rollout, "can_sleep", False)), asleep=self._asleep)
         return serving, rollout
 
     def _iterate(self) -> None:
@@ -241,6 +244,12 @@ class CoServingExecutor:
             r.engine_id = None
             self._waiting.insert(0, r)  # first to resume
             self.stats["preemptions"] += 1
+        if plan.rollout_sleep is True and not self._asleep:
+            self.rollout.sleep()
+            self._asleep = True
+        elif plan.rollout_sleep is False and self._asleep:
+            self.rollout.wake_up()
+            self._asleep = False
         if plan.rollout_admit:
             admit = set(plan.rollout_admit)
             keep = []

@@ -66,12 +66,18 @@ class ServingHost:
 
     def prepare_rollout(self, spec, checkpoint: dict) -> None:
         """Give the executor the run's rollout engine (first run), or reset it to the checkpoint."""
+        import torch
+
         from rose.runtime.engine.vllm_engine import VllmEngine
 
         key = (spec.model_dir, spec.max_model_len, spec.engine)
         if self.rollout_key is None:
+            # On a GPU both engines share device memory (each takes its `gpu_memory_utilization`), and the
+            # rollout engine sleeps when a burst needs the memory. That path is untested here (no GPU vLLM).
+            gpu = torch.cuda.is_available()
             self.executor.attach_rollout(
-                lambda: VllmEngine(spec.model_dir, spec.engine, spec.max_model_len, seed=spec.seed)).result()
+                lambda: VllmEngine(spec.model_dir, spec.engine, spec.max_model_len, seed=spec.seed,
+                                   sleep_mode=gpu)).result()
             self.rollout_key = key
         elif key != self.rollout_key:
             raise ConfigError(f"this serving worker's rollout engine runs {self.rollout_key[0]}; a run of "

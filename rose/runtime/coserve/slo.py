@@ -49,10 +49,16 @@ class RolloutCaps:
 
     max_seqs: int = 64  # rollout sequences running at once
     max_kv_tokens: int = 32_768  # KV tokens (prompt + generated) rollout sequences may hold
+    # Where engines share device memory (GPUs): the rollout engine sleeps (frees its weights and KV)
+    # when the serving engine's KV use reaches `sleep_at`, and wakes below `wake_at` (fractions).
+    sleep_at: float = 0.9
+    wake_at: float = 0.7
 
     def __post_init__(self):
         config_check(self.max_seqs >= 0, "RolloutCaps", "max_seqs", self.max_seqs, ">= 0")
         config_check(self.max_kv_tokens >= 0, "RolloutCaps", "max_kv_tokens", self.max_kv_tokens, ">= 0")
+        config_check(0 < self.wake_at < self.sleep_at <= 1, "RolloutCaps", "wake_at", self.wake_at,
+                     f"in (0, sleep_at={self.sleep_at}) with sleep_at <= 1")
 
 
 class LatencyModel:
@@ -113,6 +119,7 @@ class ServingView:
     oldest_wait_ms: float = 0.0  # age of the oldest request that has no first token yet
     kv_free_tokens: int = 1 << 30  # KV tokens the serving engine can still take
     kv_needed_tokens: int = 0  # KV tokens its waiting requests need to start
+    kv_usage: float = 0.0  # fraction of the serving engine's KV cache in use
 
 
 @dataclass(frozen=True)
@@ -128,6 +135,8 @@ class RolloutView:
     waiting: tuple[RolloutSeq, ...] = ()  # fresh or preempted sequences, in arrival order
     # KV tokens the device can give to rollout beyond what serving holds and reserves right now
     kv_available_tokens: int = 1 << 30
+    can_sleep: bool = False  # the rollout engine shares device memory and can sleep (vLLM sleep mode)
+    asleep: bool = False
 
 
 @dataclass(frozen=True)
@@ -141,6 +150,7 @@ class IterationPlan:
     rollout_ms: float = 0.0  # predicted rollout step time
     budget_ms: float = 0.0  # what rollout could use: TPOT budget minus margin minus serving_ms
     reason: str = ""  # why rollout was held back, if it was
+    rollout_sleep: bool | None = None  # True: put the rollout engine to sleep; False: wake it; None: as is
     notes: dict = field(default_factory=dict)
 
 
@@ -162,6 +172,13 @@ class SloController:
         budget = self.slo.tpot_ms * (1 - self.slo.margin) - s_ms
         running = sorted(rollout.running, key=lambda r: r.admitted_at)
 
+        # Shared device memory nearly full: every rollout sequence goes, and the engine sleeps.
+        if rollout.can_sleep and (serving.kv_usage >= self.caps.sleep_at
+                                  or (rollout.asleep and serving.kv_usage > self.caps.wake_at)):
+            return IterationPlan(s_tokens, s_ms, False, (), tuple(r.request_id for r in running), 0, 0.0, budget,
+                                 "serving needs the device's memory: rollout sleeps",
+                                 rollout_sleep=None if rollout.asleep else True)
+        wake = False if rollout.asleep else None
         # Memory first: serving requests that cannot start for lack of KV take it from rollout.
         preempt: list[RolloutSeq] = []
         pressure = serving.kv_needed_tokens > serving.kv_free_tokens
@@ -181,7 +198,8 @@ class SloController:
             tokens = tokens if step else 0
             return IterationPlan(s_tokens, s_ms, step and tokens > 0, tuple(admit),
                                  tuple(r.request_id for r in preempt), tokens,
-                                 self.rollout_model.predict(tokens), budget, reason)
+                                 self.rollout_model.predict(tokens), budget, reason,
+                                 rollout_sleep=wake if (admit or running) else None)
 
         if serving.waiting_prompt_tokens and serving.oldest_wait_ms >= self.slo.ttft_guard * self.slo.ttft_ms:
             return done(False, "a serving request is near its TTFT deadline")

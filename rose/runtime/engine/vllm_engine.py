@@ -63,7 +63,10 @@ def _reload_from_tensors(worker, named_tensors):
 
 
 class VllmEngine:
-    def __init__(self, model_dir: str, cfg: EngineConfig, max_model_len: int, seed: int = 0):
+    def __init__(self, model_dir: str, cfg: EngineConfig, max_model_len: int, seed: int = 0,
+                 sleep_mode: bool = False):
+        """`sleep_mode` (GPU hosts; untested here): the engine can free its device memory with `sleep`
+        and take it back with `wake_up` (vLLM sleep mode), for a co-serving device under a burst."""
         from vllm.engine.arg_utils import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine
 
@@ -83,7 +86,9 @@ class VllmEngine:
             # trainer's importance ratios compare like with like.
             logprobs_mode="processed_logprobs",
             gpu_memory_utilization=cfg.gpu_memory_utilization,
+            enable_sleep_mode=sleep_mode,
         )
+        self.can_sleep = sleep_mode
         self._engine = LLMEngine.from_engine_args(args)
         hf_config = self._engine.vllm_config.model_config.hf_config
         self._tied_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
@@ -165,3 +170,14 @@ class VllmEngine:
         # Cached KV blocks were computed with the old weights: drop them.
         self._engine.reset_prefix_cache()
         self._version = version
+
+    # ---------------------------------------------------------------- GPU co-serving (untested here)
+    def sleep(self) -> None:
+        """Free the engine's device memory (weights offloaded, KV cache dropped); no request may run."""
+        if self._engine.has_unfinished_requests():
+            raise EngineError("cannot sleep with requests in flight")
+        self._engine.sleep(level=1)
+
+    def wake_up(self) -> None:
+        self._engine.wake_up()
+        self._engine.reset_prefix_cache()  # the KV cache was dropped while asleep
