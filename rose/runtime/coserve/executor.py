@@ -87,6 +87,7 @@ class CoServingExecutor:
         self._waiting: list[_Rollout] = []  # not in the engine: new or preempted, in order
         self._running: dict[str, _Rollout] = {}  # by engine request id
         self._asleep = False  # the rollout engine gave its device memory back (GPU co-serving)
+        self._last_serving_step: tuple[float, float, float] | None = None  # (start, serving ms, rollout ms)
         # Counters (written by the loop thread): iterations, preemptions, tokens by kind.
         self.stats = {"iterations": 0, "preemptions": 0, "rollout_tokens": 0, "serving_tokens": 0,
                       "rollout_steps": 0}
@@ -260,11 +261,18 @@ class CoServingExecutor:
                     keep.append(r)
             self._waiting = keep
         self.stats["iterations"] += 1
+        serving_ms = rollout_ms = 0.0
+        t_start = time.perf_counter()
         if self._serving_reqs:
-            self._step_serving(plan.serving_tokens)
+            serving_ms = self._step_serving(plan.serving_tokens)
         if plan.rollout_step and self._running:
-            self._step_rollout(plan.rollout_tokens)
-        elif not self._serving_reqs and not self._running and self._waiting and not plan.rollout_admit:
+            rollout_ms = self._step_rollout(plan.rollout_tokens)
+        # The period a decoding serving request sees: from one serving step to the next.
+        if serving_ms and self._last_serving_step is not None:
+            start, s_ms, r_ms = self._last_serving_step
+            self.controller.observe_iteration((t_start - start) * 1e3, s_ms, r_ms)
+        self._last_serving_step = (t_start, serving_ms, rollout_ms) if serving_ms else None
+        if not serving_ms and not rollout_ms and self._waiting and not plan.rollout_admit:
             time.sleep(0.001)  # nothing can run now (caps); do not spin
 
     def _admit(self, r: _Rollout, now: float) -> None:
@@ -284,7 +292,7 @@ class CoServingExecutor:
         r.engine_id, r.admitted_at = eid, now
         self._running[eid] = r
 
-    def _step_serving(self, planned_tokens: int) -> None:
+    def _step_serving(self, planned_tokens: int) -> float:
         t0 = time.perf_counter()
         outs = self.serving.step()
         t1 = time.perf_counter()
@@ -301,8 +309,9 @@ class CoServingExecutor:
                 req.t_done = t1
                 del self._serving_reqs[o.request_id]
             req.emit(list(o.token_ids), o.finished, o.error or o.finish_reason)
+        return (t1 - t0) * 1e3
 
-    def _step_rollout(self, planned_tokens: int) -> None:
+    def _step_rollout(self, planned_tokens: int) -> float:
         t0 = time.perf_counter()
         outs = self.rollout.step()
         t1 = time.perf_counter()
@@ -327,6 +336,7 @@ class CoServingExecutor:
             if o.finished:
                 del self._running[o.request_id]
                 self._finish(r, o.finish_reason)
+        return (t1 - t0) * 1e3
 
     def _finish(self, r: _Rollout, reason: str | None) -> None:
         r.gen.finish_reason = reason

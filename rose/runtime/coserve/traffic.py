@@ -69,9 +69,12 @@ def synthetic(rate: float, duration_s: float, prompt_tokens: tuple[int, int] = (
 
 
 def azure_trace(path: str, time_scale: float = 1.0, token_scale: float = 1.0, max_prompt: int = 64,
-                max_gen: int = 32, duration_s: float | None = None, start_s: float = 0.0) -> list[Arrival]:
+                max_gen: int = 32, duration_s: float | None = None, start_s: float = 0.0,
+                gen_scale: float | None = None) -> list[Arrival]:
     """Arrivals from an Azure-format CSV. Gaps are multiplied by `time_scale` (0.1 = ten times the
-    rate), token counts by `token_scale`, then clipped to [1, max_prompt] and [1, max_gen]."""
+    rate), context tokens by `token_scale` and generated ones by `gen_scale` (default: the same),
+    then clipped to [1, max_prompt] and [1, max_gen]."""
+    gen_scale = token_scale if gen_scale is None else gen_scale
     rows = []
     with open(path, newline="") as f:
         reader = csv.DictReader(f)
@@ -95,7 +98,7 @@ def azure_trace(path: str, time_scale: float = 1.0, token_scale: float = 1.0, ma
         if duration_s is not None and t >= duration_s:
             break
         out.append(Arrival(t, max(1, min(max_prompt, round(ctx * token_scale))),
-                           max(1, min(max_gen, round(gen * token_scale)))))
+                           max(1, min(max_gen, round(gen * gen_scale)))))
     return out
 
 
