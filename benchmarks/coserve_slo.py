@@ -153,16 +153,21 @@ def main():
                                          burst=traffic.Burst(every_s=20, length_s=4, factor=3.0), seed=args.seed)
             source = "synthetic Poisson, 3x bursts"
         else:
-            # Time scale: the trace's own mean rate over the first window, brought to `rate`.
-            raw = traffic.azure_trace(args.trace, duration_s=duration * 20)
-            own_rate = len(raw) / max(raw[-1].t, 1e-9)
-            scale = own_rate / rate
+            # Time scale: the replayed stretch of the trace (its first `duration / scale` seconds) must
+            # arrive at `rate` on average; that stretch depends on the scale, so settle it by iteration.
+            full = traffic.azure_trace(args.trace)
+            scale = len(full) / full[-1].t / rate
+            for _ in range(20):
+                span = duration / scale
+                n = sum(1 for a in full if a.t < span)
+                scale = n / span / rate
             arrivals = traffic.azure_trace(args.trace, time_scale=scale, token_scale=0.03, gen_scale=0.1,
                                            max_prompt=48, max_gen=32, duration_s=duration)
             source = f"Azure conversation trace, time x{scale:.3f}, prompts x0.03, outputs x0.1"
         print(f"serving capacity {cap:.1f} req/s; traffic {len(arrivals) / duration:.2f} req/s "
               f"({len(arrivals)} requests; {source})", file=sys.stderr)
         out["source"] = source
+        out["offered"] = len(arrivals) / duration
         alone = asyncio.run(traffic.play(url, arrivals, args.ttft_ms, args.tpot_ms, seed=args.seed))
         demand = RolloutDemand(client, worker, args.inflight, args.seed).start()
         time.sleep(3.0)  # let the rollout side fill up
@@ -185,7 +190,9 @@ def main():
         demand.stop()
     a, c = out["alone"], out["coserved"]
     print(f"\nco-serving: serving model = rollout model = tiny guess model (float32), one core; traffic "
-          f"{out['rate']:.2f} req/s = {args.load:.0%} of capacity {out['capacity']:.1f} req/s ({out['source']}); "
+          f"{out['offered']:.2f} req/s = {out['offered'] / out['capacity']:.0%} of capacity "
+          f"{out['capacity']:.1f} req/s "
+          f"({out['source']}); "
           f"SLO TTFT {args.ttft_ms:.0f} ms, TPOT {args.tpot_ms:.0f} ms; {duration:.0f} s per phase")
     print(f"{'phase':<11}{'requests':>9}{'errors':>7}{'attain':>8}{'ttft p50':>9}{'ttft p99':>9}{'tpot p50':>9}"
           f"{'tpot p99':>9}{'rollout tok/s':>14}")
