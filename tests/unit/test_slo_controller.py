@@ -138,3 +138,15 @@ def test_shared_memory_pressure_puts_rollout_to_sleep_and_it_wakes_only_with_roo
         assert plan.rollout_sleep is not False and not plan.rollout_admit
     if plan.rollout_admit and asleep:
         assert plan.rollout_sleep is False  # woken before anything runs on it
+
+
+def test_measured_iteration_overhead_is_kept_out_of_the_rollout_budget():
+    ctl = SloController(SloConfig(ttft_ms=1000, tpot_ms=40, margin=0.0), serving_model=_model(2.0, 0.0),
+                        rollout_model=_model(1.0, 0.1))
+    before = ctl.plan(ServingView(decoding=4), RolloutView()).budget_ms
+    for _ in range(200):  # periods 6 ms longer than the two steps
+        ctl.observe_iteration(period_ms=2.0 + 10.0 + 6.0, serving_ms=2.0, rollout_ms=10.0)
+    after = ctl.plan(ServingView(decoding=4), RolloutView()).budget_ms
+    assert ctl.overhead_ms == pytest.approx(6.0, abs=0.1)
+    assert before - after == pytest.approx(ctl.overhead_ms + 2 * ctl.overhead_dev_ms)
+    assert after < before - 5.9

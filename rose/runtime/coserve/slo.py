@@ -7,7 +7,9 @@ iteration the controller
 
 1. always plans the serving step first (it never waits for rollout work);
 2. predicts the serving step's time and the time left for rollout under the TPOT budget minus a
-   safety margin, from an online fit of step time against batched tokens;
+   safety margin, from an online fit of step time against batched tokens, and minus what each
+   iteration costs besides the two steps (learned from measured iteration periods: on a busy host
+   the executor's own work and the HTTP front end add a few milliseconds no step model sees);
 3. skips the rollout step when a waiting serving request is close to its TTFT deadline;
 4. admits waiting rollout sequences while the predicted rollout step stays within what is left, and
    while the rollout in-flight caps (sequences, KV tokens: the memory budget) hold;
