@@ -72,6 +72,8 @@ class LocalRoseCluster(SpecCluster):
             workers[name] = _worker_spec("serving", cores, engine.rollout_slots, engine, name, config.trainer_site,
                                          argv)
         scheduler = {"cls": Scheduler, "options": {
-            "dashboard": config.dashboard, "dashboard_address": ":8787", "host": "127.0.0.1",
+            # without the dashboard the scheduler still serves /health on HTTP: any free port, then
+            "dashboard": config.dashboard, "dashboard_address": ":8787" if config.dashboard else ":0",
+            "host": "127.0.0.1",
         }}
         super().__init__(workers=workers, scheduler=scheduler, silence_logs=logging.WARNING, name="rose", **kwargs)

@@ -6,7 +6,7 @@ import pytest
 from rose.errors import ConfigError
 from rose.runtime.coserve.traffic import Burst, azure_trace, synthetic
 
-TRACE = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data", "azure_llm_inference_2023_conv.csv")
+TRACE = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "data", "azure_llm_inference_2023_conv.csv")
 
 
 def test_synthetic_is_seeded_sorted_and_bursty():
@@ -26,7 +26,6 @@ def test_synthetic_rejects_nonsense():
         Burst(every_s=5, length_s=10)
 
 
-@pytest.mark.skipif(not os.path.exists(TRACE), reason="the shared Azure trace is not beside the checkout")
 def test_azure_trace_is_scaled_and_clipped():
     a = azure_trace(TRACE, time_scale=0.5, token_scale=0.1, max_prompt=48, max_gen=16, duration_s=60)
     assert a and a[0].t == 0 and all(x.t < 60 for x in a)
