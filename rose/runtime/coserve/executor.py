@@ -326,12 +326,7 @@ class CoServingExecutor:
                 del self._running[o.request_id]
                 r.future.set_exception(EngineError(o.error, request_id=r.rid))
                 continue
-            g = r.gen
-            if o.token_ids and not g.token_ids:
-                g.queue_s = t1 - r.t_submit
-            g.token_ids += o.token_ids
-            g.logprobs += o.logprobs
-            g.weight_versions += [version] * len(o.token_ids)
+            r.gen.absorb(o, version, t1, r.t_submit)
             self.stats["rollout_tokens"] += len(o.token_ids)
             if o.finished:
                 del self._running[o.request_id]

@@ -34,6 +34,14 @@ class Generation:
     queue_s: float = 0.0  # submit -> first token
     total_s: float = 0.0  # submit -> finished
 
+    def absorb(self, out, version: int, now: float, t_submit: float) -> None:
+        """Append one engine iteration's new tokens (an EngineOutput) made at weights `version`."""
+        if out.token_ids and not self.token_ids:
+            self.queue_s = now - t_submit
+        self.token_ids += out.token_ids
+        self.logprobs += out.logprobs
+        self.weight_versions += [version] * len(out.token_ids)
+
 
 @dataclass
 class _Pending:
@@ -169,11 +177,7 @@ class EngineLoop:
                 p.future.set_exception(EngineError(out.error, request_id=out.request_id))
                 continue
             g = p.gen
-            if out.token_ids and not g.token_ids:
-                g.queue_s = now - p.t_submit
-            g.token_ids += out.token_ids
-            g.logprobs += out.logprobs
-            g.weight_versions += [version] * len(out.token_ids)
+            g.absorb(out, version, now, p.t_submit)
             self.generated_tokens += len(out.token_ids)
             if out.finished:
                 g.finish_reason = out.finish_reason
