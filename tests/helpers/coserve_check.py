@@ -42,15 +42,7 @@ def main(model_dir: str) -> None:
             served = [ex.serve([1, 7, 8, 9 + i], SamplingSpec(max_tokens=16, temperature=0.0)) for i in range(3)]
             gens = [f.result(timeout=300) for f in [ex.generate(p, greedy, request_id=f"r{i}")
                                                     for i, p in enumerate(prompts)]]
-            serving_tokens = []
-            for s in served:
-                toks = []
-                while True:
-                    t, done, _ = s.deltas.get(timeout=300)
-                    toks += t
-                    if done:
-                        break
-                serving_tokens.append(toks)
+            serving_tokens = [s.collect(timeout=300)[0] for s in served]
             return {"tokens": [g.token_ids for g in gens], "versions": [g.weight_versions for g in gens],
                     "logprobs_len": [len(g.logprobs) for g in gens], "serving": serving_tokens,
                     "preemptions": ex.stats["preemptions"]}

@@ -69,16 +69,12 @@ def _greedy(prompts):
     return {"version": w.loop.weight_version, "tokens": out}
 
 
-def _trainer_checkpoint(path, dtype):
-    """Save the trainer's current weights, in the engines' dtype, as a Hugging Face directory."""
-    import torch
-
-    from rose.runtime.weights.shards import torch_dtype
+def _trainer_checkpoint(path):
+    """Save the trainer's current (float32) weights as a Hugging Face directory."""
     from rose.worker import rose_worker
 
     w = rose_worker()
-    w.trainer.model.to(torch_dtype(dtype)).save_pretrained(path)
-    w.trainer.model.to(torch.float32)
+    w.trainer.model.save_pretrained(path)
     return {"version": w.trainer.version, "digest": w.weights._h_digest()}
 
 
@@ -123,7 +119,7 @@ def test_sync_relays_detects_corruption_and_engines_match_a_fresh_load(two_site_
     assert report.summary["logprob_mismatch"] < 1e-4  # engines ran exactly the trainer's weights
 
     ckpt = tmp_path / "trained"
-    ref = client.submit(_trainer_checkpoint, str(ckpt), "float32", workers=[trainer], pure=False).result()
+    ref = client.submit(_trainer_checkpoint, str(ckpt), workers=[trainer], pure=False).result()
     assert ref["version"] == 2
     # every receiver holds, bit for bit, the trainer's weights
     for addr, digest in client.run(_digest, workers=dedicated).items():

@@ -31,13 +31,8 @@ def test_preempted_rollouts_resume_without_lost_or_duplicated_tokens():
             assert len(g.token_ids) == len(g.logprobs) == len(g.weight_versions) == 10  # exactly max_tokens
             assert set(g.weight_versions) == {0} and g.finish_reason == "length"
         assert ex.stats["preemptions"] == 3
-        got = []
-        while True:
-            toks, done, _ = served.deltas.get(timeout=10)
-            got += toks
-            if done:
-                break
-        assert len(got) == 6 and served.t_first is not None
+        got, reason = served.collect(timeout=10)
+        assert len(got) == 6 and reason == "length" and served.t_first is not None
     finally:
         ex.close()
 

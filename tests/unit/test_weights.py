@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from rose.errors import ConfigError
 from rose.runtime.weights import delta
 from rose.runtime.weights.plan import Receiver, plan_full, plan_sync
-from rose.runtime.weights.shards import FULL, TPSlice, assemble, shard_hash, shard_params
+from rose.runtime.weights.shards import TPSlice, assemble, shard_hash, shard_params
 from rose.runtime.weights.store import ShardStore
 
 DTYPES = ["float32", "bfloat16", "float16"]
@@ -203,10 +203,6 @@ def test_plan_rejects_source_among_receivers():
     from rose.runtime.weights.shards import Manifest
     with pytest.raises(ConfigError, match="exclude the source"):
         plan_sync(Manifest(1, ()), [Receiver("tcp://t", "a")], "tcp://t", "a")
-
-
-def test_full_slice_default():
-    assert FULL.label == ""
 
 
 def test_released_buffers_are_reused_and_readonly_ones_never():

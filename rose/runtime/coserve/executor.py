@@ -62,6 +62,15 @@ class ServingRequest:
     # it in `deltas` (the HTTP front end hands them to its event loop).
     on_delta: Callable | None = None
 
+    def collect(self, timeout: float | None = None) -> tuple[list[int], str | None]:
+        """Block until the request finishes (when it has no `on_delta`): (all tokens, finish reason)."""
+        tokens: list[int] = []
+        while True:
+            new, done, reason = self.deltas.get(timeout=timeout)
+            tokens += new
+            if done:
+                return tokens, reason
+
     def emit(self, token_ids: list[int], finished: bool, reason: str | None) -> None:
         if self.on_delta is not None:
             self.on_delta(token_ids, finished, reason)

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from rose.runtime.weights.shards import itemsize, shard_hash, uint_view
+from rose.runtime.weights.shards import shard_hash, uint_view
 
 _ZSTD = pa.Codec("zstd", compression_level=1)
 
@@ -142,5 +142,3 @@ def sparse_diff(old: torch.Tensor, new: torch.Tensor) -> tuple[torch.Tensor, tor
     idx = torch.nonzero(old.reshape(-1).view(iview) != new.reshape(-1).view(iview)).reshape(-1)
     return idx, new.reshape(-1)[idx]
 
-
-__all__ = ["Delta", "encode", "apply", "verified_apply", "changed_fraction", "sparse_diff", "itemsize"]
