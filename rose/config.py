@@ -106,9 +106,11 @@ class ClusterConfig:
     serving_model: str | None = None  # the model serving workers serve (a Hugging Face directory)
     serving_ttft_ms: float = 1000.0  # their SLOs
     serving_tpot_ms: float = 100.0
+    policy: str = "rose"  # rollout placement (rose.plugin): rose | fixed | elastic
 
     def __post_init__(self):
         c = "ClusterConfig"
+        config_check(self.policy in ("rose", "fixed", "elastic"), c, "policy", self.policy, "rose, fixed or elastic")
         _positive(c, "num_dedicated", self.num_dedicated, allow_zero=True)
         _positive(c, "num_serving", self.num_serving, allow_zero=True)
         config_check(self.num_dedicated + self.num_serving > 0, c, "num_dedicated", self.num_dedicated,

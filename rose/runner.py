@@ -18,12 +18,13 @@ import pyarrow as pa
 from distributed import Client, wait
 
 from rose.errors import ConfigError, GraphError, RunError
+from rose.fleet import Fleet, roles_of
 from rose.graph import LowerContext, lower
 from rose.graph.submit import submit
 from rose.pipeline import Pipeline, load_pipeline
 from rose.report import Report
 from rose.runtime.trajectory import TRAJECTORY_SCHEMA, concat
-from rose.worker import PLUGIN_NAME, ROLLOUT_ROLES, ModelSpec, prepare_worker
+from rose.worker import ROLLOUT_ROLES, ModelSpec, prepare_worker
 
 logger = logging.getLogger("rose.run")
 
@@ -32,16 +33,18 @@ STEP_COLUMNS = ["step", "weight_version", "reward_mean", "reward_std", "trajecto
                 "sync_bytes", "sync_refetches"]
 
 
-def _roles(client: Client) -> dict[str, list[str]]:
-    def role(dask_worker):
-        plugin = dask_worker.plugins.get(PLUGIN_NAME)
-        return plugin.role if plugin is not None else None
+def _check_placement(client: Client) -> str | None:
+    """The scheduler's placement policy, or None (with one warning) if it runs without rose.plugin."""
+    def policy(dask_scheduler):
+        plugin = dask_scheduler.plugins.get("rose")
+        return plugin.policy if plugin is not None else None
 
-    by_role: dict[str, list[str]] = collections.defaultdict(list)
-    for addr, r in client.run(role).items():
-        if r is not None:
-            by_role[r].append(addr)
-    return dict(by_role)
+    found = client.run_on_scheduler(policy)
+    if found is None:
+        logger.warning("the scheduler runs without the ROSE placement plugin: rollouts go to rollout workers by "
+                       "Dask's own scheduling (no serving-capacity awareness, no shedding). Start it with "
+                       "`dask scheduler --preload rose.plugin`.")
+    return found
 
 
 def _one_node(graph, op: str):
@@ -98,18 +101,20 @@ def run(pipeline: Pipeline | str, cluster=None, steps: int | None = None, seed: 
 def _run(pipeline, client, spec, steps, progress, on_step) -> Report:
     from tqdm.auto import tqdm
 
-    roles = _roles(client)
+    roles = roles_of(client)
     if not roles.get("trainer"):
         raise ConfigError(f"the cluster has no trainer worker (roles: {roles}); start one with "
                           "`dask worker ... --preload rose.worker --rose-role trainer`")
     rollout_workers = sorted(a for r in ROLLOUT_ROLES for a in roles.get(r, []))
     if not rollout_workers:
         raise ConfigError(f"the cluster has no rollout worker (roles: {roles})")
-    everyone = roles["trainer"][:1] + rollout_workers
+    _check_placement(client)
+    trainer = roles["trainer"][0]
     t0 = time.perf_counter()
     prepared = client.gather([client.submit(prepare_worker, spec, workers=[a], pure=False, key=f"rose-prepare-{a}")
-                              for a in everyone])
+                              for a in [trainer] + rollout_workers])
     logger.info("workers prepared in %.1f s: %s", time.perf_counter() - t0, prepared)
+    fleet = Fleet(client, spec, trainer, rollout_workers)
 
     rows, tables = [], []
     seen: collections.Counter = collections.Counter()
@@ -125,7 +130,7 @@ def _run(pipeline, client, spec, steps, progress, on_step) -> Report:
     bar = tqdm(range(steps), desc=pipeline.name, disable=not progress, unit="step")
     for step in bar:
         try:
-            row, table, ids = _run_step(pipeline, client, roles, rollout_workers, step, version)
+            row, table, ids = _run_step(pipeline, client, fleet, step, version)
         except Exception as e:
             # Keep what the finished steps produced: the caller (and `rose run`) can save it.
             err = RunError(f"step {step} failed: {type(e).__name__}: {e}", step=step, weight_version=version)
@@ -142,18 +147,34 @@ def _run(pipeline, client, spec, steps, progress, on_step) -> Report:
     return report()
 
 
-def _run_step(pipeline, client, roles, rollout_workers, step, version):
+def _wait_rollouts(futures, fleet: Fleet, version: int, poll_s: float = 0.5) -> None:
+    """Wait for a step's rollouts; meanwhile let workers that connect join the run."""
+    while True:
+        try:
+            wait(futures, timeout=poll_s)
+            return
+        except TimeoutError:
+            fleet.poll(version)
+
+
+def _run_step(pipeline, client, fleet: Fleet, step, version):
     """One synchronous RL step; returns (metrics row, trajectory table, trajectory ids asked for)."""
+    fleet.poll(version)
+    if not fleet.ready and not fleet.joining:
+        raise RunError("no rollout worker is left in the run", step=step)
     graph = pipeline.build(step)
-    ctx = LowerContext(step, version, graph.name, tuple(rollout_workers), pipeline.seed,
+    ctx = LowerContext(step, version, graph.name, tuple(fleet.ready), pipeline.seed,
                        pipeline.engine.temperature, pipeline.engine.top_p)
     lowered = lower(graph, ctx)
     rollout, reward, train, sync = (_one_node(graph, op) for op in ("rollout", "reward", "train", "sync"))
     ids = {s.trajectory_id for s in lowered.outputs[(rollout.inputs["specs"].node, "specs")]}
+    # Without the placement plugin, rollouts may go to any rollout worker (Dask decides).
+    roles = roles_of(client)
+    roles["rollout"] = sorted(a for r in ROLLOUT_ROLES for a in roles.get(r, []))
     futures = submit(client, lowered.tasks, roles)
     try:
         t_step = time.perf_counter()
-        wait([futures[k] for k in lowered.keys_of(rollout.name, "trajectories")])
+        _wait_rollouts([futures[k] for k in lowered.keys_of(rollout.name, "trajectories")], fleet, version)
         rollout_s = time.perf_counter() - t_step
         batches = client.gather([futures[k] for k in lowered.keys_of(reward.name, "trajectories")])
         metrics = client.gather(futures[lowered.keys_of(train.name, "metrics")[0]])
@@ -163,7 +184,9 @@ def _run_step(pipeline, client, roles, rollout_workers, step, version):
     finally:
         for f in futures.values():
             f.release()
-    new_versions = {s["weight_version"] for sync_result in syncs for s in sync_result["statuses"]}
+    statuses = [s for sync_result in syncs for s in sync_result["statuses"]]
+    fleet.synced_to(statuses)
+    new_versions = {s["weight_version"] for s in statuses}
     if new_versions != {metrics["weight_version"]}:
         raise RunError(f"engines hold weight versions {sorted(new_versions)} after sync, the trainer "
                        f"{metrics['weight_version']}", step=step)

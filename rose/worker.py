@@ -23,6 +23,7 @@ from rose.errors import ConfigError
 logger = logging.getLogger("rose.worker")
 
 PLUGIN_NAME = "rose"
+PLACEMENT_TOPIC = "rose-capacity"  # rose.plugin.TOPIC
 ROLES = ("trainer", "dedicated", "serving")
 ROLLOUT_ROLES = ("dedicated", "serving")
 DEFAULT_SITE = "default"
@@ -42,7 +43,8 @@ class RoseWorker(WorkerPlugin):
     name = PLUGIN_NAME
     idempotent = True
 
-    def __init__(self, role: str, cores: tuple[int, ...] | None = None, site: str = DEFAULT_SITE):
+    def __init__(self, role: str, cores: tuple[int, ...] | None = None, site: str = DEFAULT_SITE,
+                 elastic: bool = False):
         if role not in ROLES:
             raise ConfigError(f"unknown ROSE worker role {role!r}; choose one of {list(ROLES)}")
         if not site:
@@ -50,6 +52,7 @@ class RoseWorker(WorkerPlugin):
         self.role = role
         self.cores = cores  # CPU cores this worker's compute is bound to (None: leave as is)
         self.site = site  # network site: workers that share a fast network (weight sync topology)
+        self.elastic = elastic  # started on demand by the elastic baseline's scaler (shown on the dashboard)
         self.weights = None  # WeightEndpoint, made in setup
         self.spec: ModelSpec | None = None
         self.loop = None  # EngineLoop on rollout workers: the active engine
@@ -62,6 +65,12 @@ class RoseWorker(WorkerPlugin):
         self.trainer = None  # Trainer on the trainer worker
         self.serving = None  # ServingHost on serving workers (executor + HTTP front end)
         self._lock = threading.Lock()
+        # Rollout tasks running here (key -> trajectories) and the keys the scheduler asked to shed.
+        self.rollouts: dict[str, int] = {}
+        self.shed: set[str] = set()
+        self._last_sent: tuple | None = None
+        self._last_sent_t = 0.0
+        self._report_pc = None
 
     def setup(self, worker):
         self.worker = worker
@@ -84,11 +93,19 @@ class RoseWorker(WorkerPlugin):
         from rose.runtime.weights.endpoint import WeightEndpoint
 
         self.weights = WeightEndpoint(worker, self.site)
-        # The first report rides in Worker.metrics: a preload runs before the worker connects.
+        # The first report rides in Worker.metrics: a preload runs before the worker connects. Later
+        # ones go with Worker.log_event on every change (capacity, weight version), checked every 100 ms.
         worker.metrics["rose"] = lambda w: self.report()
+        worker.stream_handlers["rose-shed"] = self._on_shed
+        from tornado.ioloop import PeriodicCallback
+
+        self._report_pc = PeriodicCallback(self.send_report, 100)
+        self._report_pc.start()
         logger.info("rose worker %s role=%s cores=%s", worker.address, self.role, self.cores)
 
     def teardown(self, worker):
+        if self._report_pc is not None:
+            self._report_pc.stop()
         for loop, _ in self._engines.values():
             loop.close()
         if self.serving is not None:
@@ -105,9 +122,50 @@ class RoseWorker(WorkerPlugin):
         self.tokenizer = None  # the run's tokenizer comes with prepare
         return await self.serving.start_http()
 
+    @property
+    def slots(self) -> int:
+        """Rollout sequences this worker can run at once now: its engine's batch on a dedicated worker,
+        the co-serving executor's spare capacity next to online traffic on a serving worker."""
+        if self.role == "serving":
+            return self.serving.executor.rollout_capacity if self.serving is not None else 0
+        if self.role == "dedicated" and self.loop is not None and self.spec is not None:
+            return self.spec.engine.max_num_seqs
+        return 0
+
+    def send_report(self, force: bool = False) -> None:
+        """Tell the scheduler's placement plugin about a change (or every 2 s, for its history)."""
+        import time
+
+        r = self.report()
+        sig = (r["slots"], r["weight_version"], r["model"])
+        now = time.monotonic()
+        if force or sig != self._last_sent or now - self._last_sent_t > 2.0:
+            self._last_sent, self._last_sent_t = sig, now
+            self.worker.log_event(PLACEMENT_TOPIC, r)
+
+    def _on_shed(self, keys=(), **kwargs) -> None:
+        """Scheduler: give these rollout tasks back at their next turn boundary."""
+        mine = [k for k in keys if k in self.rollouts]
+        self.shed.update(mine)
+        logger.info("worker %s sheds %d rollout tasks", self.address, len(mine))
+
+    def should_shed(self, key: str | None) -> bool:
+        return key is not None and key in self.shed
+
+    def rollout_started(self, key: str | None, width: int) -> None:
+        if key is not None:
+            self.rollouts[key] = width
+
+    def rollout_ended(self, key: str | None) -> None:
+        if key is not None:
+            self.rollouts.pop(key, None)
+            self.shed.discard(key)
+
     def report(self) -> dict:
         serving = self.serving.report() if self.serving is not None else {}
-        return {"role": self.role, "site": self.site, **serving,
+        return {"worker": getattr(self, "address", None), "role": self.role, "site": self.site,
+                "elastic": self.elastic, "running_seqs": sum(self.rollouts.values()), **serving,
+                "slots": self.slots,
                 # the version this worker's engine runs (rollout workers) or last published (trainer);
                 # read by the scheduler from worker metrics
                 "weight_version": (self.loop.weight_version if self.loop
@@ -147,7 +205,8 @@ class RoseWorker(WorkerPlugin):
                 self.weights.reset(spec.engine.dtype)
                 self.weights.publish(self.trainer.model.state_dict(), 0)
             self.spec = spec
-            return self.report()
+        self.send_report(force=True)
+        return self.report()
 
     def _build_engine(self, spec: ModelSpec) -> None:
         from rose.runtime.engine.vllm_engine import VllmEngine, configure_vllm_env
@@ -248,9 +307,11 @@ def _parse_cores(value: str | None) -> tuple[int, ...] | None:
 @click.option("--rose-tpot-ms", type=float, default=100.0, show_default=True, help="serving role: TPOT SLO")
 @click.option("--rose-rollout-seqs", type=int, default=64, show_default=True,
               help="serving role: at most this many rollout sequences in flight (the memory budget)")
+@click.option("--rose-elastic", is_flag=True, default=False,
+              help="this worker was started on demand by the elastic baseline's scaler")
 async def dask_setup(worker, rose_role, rose_cores, rose_site, rose_serving_model, rose_http_port, rose_http_host,
-                     rose_ttft_ms, rose_tpot_ms, rose_rollout_seqs):
-    plugin = RoseWorker(role=rose_role, cores=_parse_cores(rose_cores), site=rose_site)
+                     rose_ttft_ms, rose_tpot_ms, rose_rollout_seqs, rose_elastic):
+    plugin = RoseWorker(role=rose_role, cores=_parse_cores(rose_cores), site=rose_site, elastic=rose_elastic)
     await worker.plugin_add(plugin, name=PLUGIN_NAME)
     if rose_role == "serving":
         from rose.runtime.coserve.host import ServingConfig

@@ -10,6 +10,10 @@ for the GIL (measured in benchmarks/rollout_overhead.py). The result is an Arrow
 trajectory schema. Nothing is lost on failure:
 an environment that raises or a prompt that does not fit yields a row with finish_reason "failed" and
 the error text, and the step goes on.
+
+Shedding: when the placement plugin asks this worker to give a task back (its serving traffic needs
+the capacity), every trajectory of the task stops at its next turn boundary and the task returns a
+`Continuation` at once; `finish_rollout` resubmits it and it resumes elsewhere from where it stopped.
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from rose.errors import PromptTooLongError
+from rose.ops.envs.base import replay
 from rose.runtime.engine.base import SamplingSpec
 from rose.runtime.trajectory import Trajectory, to_batch, trajectory_id
 
@@ -52,31 +57,78 @@ def _encode(tokenizer, text: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
 
 
-async def agent_loop(spec: RolloutSpec, env, engine_loop, tokenizer, max_model_len: int) -> Trajectory:
-    """Run one episode to the end. Never raises for the trajectory's own failures."""
-    traj = Trajectory(spec.step, spec.group_id, spec.sample_id, spec.env, spec.env_seed)
+@dataclass
+class Partial:
+    """Where a shed trajectory stopped: enough to resume it on another worker."""
+
+    traj: Trajectory  # tokens, log-probs, versions and turn workers so far
+    actions: list[str]  # the policy's decoded actions so far: the environment is rebuilt by replaying them
+    turn: int  # the next policy turn
+
+
+@dataclass
+class Continuation:
+    """What a shed rollout task returns at once: its finished trajectories and where the others stopped.
+
+    `finish_rollout` resubmits it (`resume_rollout`) and the placement puts it elsewhere; its trajectory
+    ids stay those of `specs`, so nothing is lost or duplicated.
+    """
+
+    key: str  # the original rollout task's key
+    attempt: int  # times this group has been shed so far (1 for the first continuation)
+    specs: tuple[RolloutSpec, ...]
+    states: list  # per spec: a finished Trajectory or a Partial
+    worker: str  # the worker that shed it (its engine holds these prefixes in cache)
+
+    @property
+    def width(self) -> int:
+        """Trajectories still to run."""
+        return sum(isinstance(s, Partial) for s in self.states)
+
+
+async def agent_loop(spec: RolloutSpec, env, engine_loop, tokenizer, max_model_len: int, worker: str = "",
+                     state: Partial | None = None, stop=lambda: False) -> Trajectory | Partial:
+    """Run one episode to the end, or until `stop()` says to give it back (checked between turns).
+
+    Never raises for the trajectory's own failures. With `state`, resume a shed trajectory: the
+    environment is rebuilt by replaying the actions so far (environments are deterministic in seed
+    and actions), then the episode goes on from the next turn.
+    """
     stop_ids = tuple(t for t in (tokenizer.convert_tokens_to_ids("\n"), tokenizer.eos_token_id)
                      if isinstance(t, int) and t != tokenizer.unk_token_id)
     t0 = time.perf_counter()
+    actions: list[str] = []
+    first_turn = 0
+    traj = Trajectory(spec.step, spec.group_id, spec.sample_id, spec.env, spec.env_seed)
     try:
-        first = env.reset(spec.env_seed)
-        bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
-        traj.add_context(bos + _encode(tokenizer, first))
-        if len(traj.token_ids) >= max_model_len:
-            raise PromptTooLongError(f"prompt of {len(traj.token_ids)} tokens does not fit the model's context "
-                                     f"(max_model_len={max_model_len})", trajectory_id=traj.trajectory_id)
+        if state is None:
+            first = env.reset(spec.env_seed)
+            bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
+            traj.add_context(bos + _encode(tokenizer, first))
+            if len(traj.token_ids) >= max_model_len:
+                raise PromptTooLongError(f"prompt of {len(traj.token_ids)} tokens does not fit the model's "
+                                         f"context (max_model_len={max_model_len})", trajectory_id=traj.trajectory_id)
+        else:
+            traj, actions, first_turn = state.traj, list(state.actions), state.turn
+            replay(env, spec.env_seed, actions)
         traj.finish_reason = "max_turns"
-        for turn in range(env.max_turns):
+        for turn in range(first_turn, env.max_turns):
             if len(traj.token_ids) >= max_model_len:
                 traj.finish_reason = "length"
                 break
+            if stop():
+                traj.rollout_s += time.perf_counter() - t0
+                return Partial(traj, actions, turn)
             sampling = SamplingSpec(max_tokens=env.max_action_tokens, temperature=spec.temperature,
                                     top_p=spec.top_p, stop_token_ids=stop_ids, seed=spec.turn_seed(turn))
             gen = await asyncio.wrap_future(
                 engine_loop.generate(traj.token_ids, sampling, request_id=f"{traj.trajectory_id}-t{turn}"))
             traj.add_generated(gen.token_ids, gen.logprobs, gen.weight_versions)
+            traj.turn_workers.append(worker)
             traj.queue_s += gen.queue_s
-            result = env.step(tokenizer.decode(gen.token_ids, skip_special_tokens=True))
+            action = tokenizer.decode(gen.token_ids, skip_special_tokens=True)
+            actions.append(action)
+            result = env.step(action)
             traj.env_reward += float(result.reward)
             traj.add_context(_encode(tokenizer, result.observation))
             if result.done:
@@ -87,33 +139,74 @@ async def agent_loop(spec: RolloutSpec, env, engine_loop, tokenizer, max_model_l
         traj.error = f"{type(e).__name__}: {e}"
         if not isinstance(e, PromptTooLongError):
             traj.error += "\n" + "".join(traceback.format_exception(e)[-3:])
-    traj.rollout_s = time.perf_counter() - t0
+    traj.rollout_s += time.perf_counter() - t0
     return traj
 
 
-async def _one(spec: RolloutSpec, w) -> Trajectory:
+async def _one(spec: RolloutSpec, w, state, stop) -> Trajectory | Partial:
     from rose.ops.envs import make_env
 
+    if isinstance(state, Trajectory):  # finished before its group was shed
+        return state
     try:
         env = make_env(spec.env, **spec.env_kwargs)
     except Exception as e:
         traj = Trajectory(spec.step, spec.group_id, spec.sample_id, spec.env, spec.env_seed,
                           finish_reason="failed", error=f"{type(e).__name__}: {e}")
     else:
-        traj = await agent_loop(spec, env, w.loop, w.tokenizer, w.spec.max_model_len)
-    traj.worker = w.address
-    traj.placement = "dedicated" if w.role == "dedicated" else "serving"
+        traj = await agent_loop(spec, env, w.loop, w.tokenizer, w.spec.max_model_len, w.address, state, stop)
+    if isinstance(traj, Trajectory):
+        traj.worker = w.address
+        traj.placement = "dedicated" if w.role == "dedicated" else "serving"
     return traj
 
 
-async def run_rollout(specs: tuple[RolloutSpec, ...]) -> pa.RecordBatch:
-    """Task: run trajectories (normally one GRPO group) concurrently on this worker's engine.
-
-    Returns one RecordBatch with a row per spec, in the order given.
-    """
+async def _run_group(specs, states, key: str | None, attempt: int) -> pa.RecordBatch | Continuation:
     from rose.worker import rose_worker
 
     w = rose_worker()
     if w.loop is None:
         raise RuntimeError(f"worker {w.address} (role {w.role}) has no rollout engine; was it prepared?")
-    return to_batch(list(await asyncio.gather(*(_one(s, w) for s in specs))))
+    w.rollout_started(key, sum(not isinstance(s, Trajectory) for s in states))
+    try:
+        out = list(await asyncio.gather(*(_one(s, w, st, lambda: w.should_shed(key))
+                                          for s, st in zip(specs, states))))
+    finally:
+        w.rollout_ended(key)
+    if any(isinstance(o, Partial) for o in out):
+        return Continuation(key, attempt + 1, tuple(specs), out, w.address)
+    return to_batch(out)
+
+
+async def run_rollout(specs: tuple[RolloutSpec, ...], key: str | None = None) -> pa.RecordBatch | Continuation:
+    """Task: run trajectories (normally one GRPO group) concurrently on this worker's engine.
+
+    Returns one RecordBatch with a row per spec, in the order given, or, when the scheduler asked this
+    worker to shed task `key`, a Continuation (see `finish_rollout`).
+    """
+    return await _run_group(specs, [None] * len(specs), key, 0)
+
+
+async def resume_rollout(cont: Continuation, key: str) -> pa.RecordBatch | Continuation:
+    """Task: go on with a shed group on this worker (it may be shed again)."""
+    return await _run_group(cont.specs, cont.states, key, cont.attempt)
+
+
+def finish_rollout(result, key: str, annotations: dict) -> pa.RecordBatch:
+    """Task (cheap, anywhere): the group's trajectories. A Continuation is resubmitted as a new rollout
+    task (same annotations, so the placement plugin parks and places it; affinity to the worker that
+    shed it) until the group is done. Keys are deterministic, so a retried finish reuses the resume task.
+    """
+    if not isinstance(result, Continuation):
+        return result
+    import dask
+    from distributed import worker_client
+
+    with worker_client() as client:
+        while isinstance(result, Continuation):
+            k = f"{key}-resume{result.attempt}"
+            with dask.annotate(**{**annotations, "rose-width": max(1, result.width), "rose-affinity": result.worker}):
+                fut = client.submit(resume_rollout, result, k, key=k, pure=False, retries=2)
+            result = fut.result()
+            fut.release()
+    return result

@@ -9,8 +9,9 @@ from rose.graph.lower import Ref, TaskSpec, task_key
 from rose.graph.node import PortType
 from rose.graph.ops import Op, register_op
 from rose.ops.reward import apply_reward
-from rose.ops.rollout import RolloutSpec, run_rollout
+from rose.ops.rollout import RolloutSpec, finish_rollout, run_rollout
 from rose.ops.train import sync_weights, train_metrics, train_step
+from rose.plugin import ROLLOUT_KEY_PREFIX
 from rose.runtime.trajectory import TRAJECTORY_SCHEMA
 
 SPECS = PortType("rollout_specs", partitioned=True)
@@ -52,31 +53,33 @@ class PromptsOp(Op):
 
 @register_op
 class RolloutOp(Op):
-    """One task per GRPO group on a rollout worker; retried with the same key and trajectory ids."""
+    """One task per GRPO group on a rollout worker, placed by the scheduler's ROSE plugin, plus a cheap
+    task that resolves its continuations when the group is shed (`finish_rollout`); retried with the
+    same key and trajectory ids."""
 
     name = "rollout"
     inputs = {"specs": SPECS}
     outputs = {"trajectories": TRAJECTORIES}
-    params = {"retries": int, "role": str}  # role: "dedicated" (default) or "serving"
-
-    def check_params(self, params):
-        super().check_params(params)
-        if params.get("role", "dedicated") not in ("dedicated", "serving"):
-            raise ValueError(f"role={params['role']!r} must be 'dedicated' or 'serving'")
+    params = {"retries": int}
 
     def lower(self, node, ctx, inputs):
         groups: dict[int, list[RolloutSpec]] = {}
         for spec in inputs["specs"]:
             groups.setdefault(spec.group_id, []).append(spec)
-        tasks, outs = [], []
+        tasks, finishes, outs = [], [], []
         for group_id, specs in groups.items():
-            key = task_key(ctx, node, f"g{group_id}")
-            # The key carries step and group; annotations are per node, so a step's rollouts
-            # travel to the scheduler as one batch.
-            tasks.append(TaskSpec(key, run_rollout, (tuple(specs),), role=node.params.get("role", "dedicated"),
-                                  retries=node.params.get("retries", 2), annotations={"rose-role": "rollout"}))
-            outs.append(Ref(key))
-        return tasks, {"trajectories": outs}
+            key = ROLLOUT_KEY_PREFIX + task_key(ctx, node, f"g{group_id}")
+            # What the placement plugin reads: rollout tasks, their width in sequences, the weight version
+            # their engine must hold (synchronous mode: this step's), and the fairness group.
+            annotations = {"rose-role": "rollout", "rose-width": len(specs), "weight_version": ctx.weight_version,
+                           "rose-group": f"{ctx.graph}/{ctx.step}"}
+            tasks.append(TaskSpec(key, run_rollout, (tuple(specs), key), role="rollout",
+                                  retries=node.params.get("retries", 2), annotations=annotations))
+            done = TaskSpec(task_key(ctx, node, f"g{group_id}-done"), finish_rollout, (Ref(key), key, annotations))
+            finishes.append(done)
+            outs.append(Ref(done.key))
+        # Rollouts first, then finishes: each kind then goes to the scheduler as one batch.
+        return tasks + finishes, {"trajectories": outs}
 
 
 @register_op

@@ -42,4 +42,16 @@ async def sync_weights(result: dict, receivers: tuple[str, ...]) -> dict:
     w = rose_worker()
     if w.weights.version != result["version"]:
         raise RuntimeError(f"trainer publishes version {w.weights.version}, the train step made {result['version']}")
+    # Receivers that left since the step was planned are skipped (Dask re-placed their rollouts).
+    info = await w.worker.scheduler.identity(n_workers=-1)
+    alive = [r for r in receivers if r in info["workers"]]
+    return await sync_to(w.worker, w.weights, alive)
+
+
+async def catch_up(_prepared, receivers: tuple[str, ...]) -> dict:
+    """Task (on the trainer): bring workers that joined mid-run to the trainer's current version."""
+    from rose.runtime.weights.sync import sync_to
+    from rose.worker import rose_worker
+
+    w = rose_worker()
     return await sync_to(w.worker, w.weights, list(receivers))

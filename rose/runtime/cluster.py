@@ -75,5 +75,7 @@ class LocalRoseCluster(SpecCluster):
             # without the dashboard the scheduler still serves /health on HTTP: any free port, then
             "dashboard": config.dashboard, "dashboard_address": ":8787" if config.dashboard else ":0",
             "host": "127.0.0.1",
+            # the placement plugin, as `dask scheduler --preload rose.plugin --rose-policy ...` installs it
+            "preload": ["rose.plugin"], "preload_argv": ["--rose-policy", config.policy],
         }}
         super().__init__(workers=workers, scheduler=scheduler, silence_logs=logging.WARNING, name="rose", **kwargs)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: turn_workers
 
 TRAJECTORY_SCHEMA = pa.schema(
     [
@@ -32,7 +32,10 @@ TRAJECTORY_SCHEMA = pa.schema(
         pa.field("finish_reason", pa.string()),  # done | max_turns | length | failed
         pa.field("error", pa.string()),  # exception text when finish_reason == "failed", else null
         pa.field("worker", pa.string()),  # address of the worker that generated it
-        pa.field("placement", pa.string()),  # dedicated | serving
+        pa.field("placement", pa.string()),  # dedicated | serving (of `worker`)
+        # (num_turns,) address of the worker whose engine generated each policy turn: a rollout shed by
+        # a serving worker and resumed elsewhere names both
+        pa.field("turn_workers", pa.list_(pa.string())),
         pa.field("rollout_s", pa.float32()),  # wall seconds from first request to last token
         pa.field("queue_s", pa.float32()),  # seconds the turns waited in the engine before their first token
     ],
@@ -61,6 +64,7 @@ class Trajectory:
     error: str | None = None
     worker: str = ""
     placement: str = "dedicated"
+    turn_workers: list[str] = field(default_factory=list)  # per policy turn
     rollout_s: float = 0.0
     queue_s: float = 0.0
 
@@ -112,6 +116,7 @@ def to_batch(trajs: list[Trajectory], rewards: list[float] | None = None) -> pa.
         "error": [t.error for t in trajs],
         "worker": [t.worker for t in trajs],
         "placement": [t.placement for t in trajs],
+        "turn_workers": [t.turn_workers for t in trajs],
         "rollout_s": [t.rollout_s for t in trajs],
         "queue_s": [t.queue_s for t in trajs],
     }

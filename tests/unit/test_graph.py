@@ -97,12 +97,15 @@ def test_lowering_fans_out_and_annotates():
     g = rl_step("g", num_groups=3, group_size=2)
     ctx = LowerContext(step=4, weight_version=4, graph="g", rollout_workers=("tcp://a", "tcp://b"), seed=1)
     low = lower(g, ctx)
-    rollouts = [t for t in low.tasks if "-rollout-" in t.key]
+    rollouts = [t for t in low.tasks if t.key.startswith("rose-rollout-")]
     assert len(rollouts) == 3  # one task per GRPO group
+    finishes = [t for t in low.tasks if t.key.endswith("-done")]
+    assert [f.args[1] for f in finishes] == [t.key for t in rollouts]  # each resolves its group's continuations
+    assert all(t.annotations["rose-width"] == 2 and t.annotations["rose-group"] == "g/4" for t in rollouts)
     ids = [s.trajectory_id for t in rollouts for s in t.args[0]]
     assert len(set(ids)) == 6 and "s4-g2-i1" in ids
     assert all(len({s.group_id for s in t.args[0]}) == 1 for t in rollouts)
-    assert all(t.key.endswith(f"-s4-g{t.args[0][0].group_id}") for t in rollouts)
+    assert all(t.key.endswith(f"-s4-g{t.args[0][0].group_id}") and t.args[1] == t.key for t in rollouts)
     assert all(t.annotations["step"] == 4 for t in low.tasks)
     # rollouts run on version 4; the sync tasks install the version the train step makes
     assert all(t.annotations["weight_version"] == (5 if "-sync-" in t.key else 4) for t in low.tasks)

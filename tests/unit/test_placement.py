@@ -110,7 +110,8 @@ def test_groups_take_turns():
 
 
 def test_wide_task_waits_narrow_one_fits():
-    out = place([RolloutTask("wide", 10), RolloutTask("narrow", 2)], [WorkerSlot("d", "dedicated", 4, weight_version=0)])
+    workers = [WorkerSlot("d", "dedicated", 4, weight_version=0)]
+    out = place([RolloutTask("wide", 10), RolloutTask("narrow", 2)], workers)
     assert [(a.key, a.worker) for a in out] == [("narrow", "d")]
 
 

@@ -101,6 +101,9 @@ class CoServingExecutor:
         self.stats = {"iterations": 0, "preemptions": 0, "rollout_tokens": 0, "serving_tokens": 0,
                       "rollout_steps": 0}
         self.last_plan = None
+        # Serving tokens a step batched, as a peak that decays by half in ~35 iterations: the load
+        # the rollout capacity offered to the scheduler must leave room for.
+        self._serving_peak = 0.0
         self._ready = threading.Event()
         self._start_error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -140,6 +143,14 @@ class CoServingExecutor:
         if self.rollout is None:
             return 0
         return max(0, self.controller.caps.max_seqs - len(self._running) - len(self._waiting))
+
+    @property
+    def rollout_capacity(self) -> int:
+        """Rollout sequences this device can run next to its recent serving load inside the SLO (the
+        slots it reports to the scheduler; 0 without a rollout engine or while it sleeps)."""
+        if self.rollout is None or self._asleep:
+            return 0
+        return self.controller.rollout_capacity(int(self._serving_peak + 0.999))
 
     def load_weights(self, named_tensors: dict, version: int) -> Future:
         """Swap the rollout engine's weights between iterations (never the serving engine's)."""
@@ -248,6 +259,7 @@ class CoServingExecutor:
         now = time.perf_counter()
         plan = self.controller.plan(*self._views(now))
         self.last_plan = plan
+        self._serving_peak = max(float(plan.serving_tokens), self._serving_peak * 0.98)
         for eid in plan.rollout_preempt:
             r = self._running.pop(eid)
             self.rollout.abort([eid])

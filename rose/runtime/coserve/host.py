@@ -87,4 +87,5 @@ class ServingHost:
 
     def report(self) -> dict:
         return {"http_port": self.front.port, "spare_slots": self.executor.spare_slots,
+                "slo_met": self.front.slo_met, "slo_requests": self.front.requests,
                 "serving_model": self.front.model_name}

@@ -179,6 +179,20 @@ class SloController:
         self.overhead_ms = decay * self.overhead_ms + (1 - decay) * extra
         self.overhead_dev_ms = decay * self.overhead_dev_ms + (1 - decay) * dev
 
+    def rollout_capacity(self, serving_tokens: int) -> int:
+        """Rollout sequences that could decode next to a serving step of `serving_tokens` inside the
+        TPOT budget (what a serving worker offers the placement as slots), up to the caps."""
+        budget = (self.slo.tpot_ms * (1 - self.slo.margin) - self.serving_model.predict(serving_tokens)
+                  - self.overhead_ms - 2 * self.overhead_dev_ms)
+        lo, hi = 0, self.caps.max_seqs
+        while lo < hi:  # the largest n whose predicted step fits (predictions grow with n)
+            mid = (lo + hi + 1) // 2
+            if self.rollout_model.predict(mid) <= budget:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
     def plan(self, serving: ServingView, rollout: RolloutView) -> IterationPlan:
         prefill = min(sum(serving.waiting_prompt_tokens), self.prefill_chunk)
         s_tokens = serving.decoding + prefill

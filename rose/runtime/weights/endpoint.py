@@ -276,6 +276,8 @@ class WeightEndpoint:
                 self.store.release(self.staged)
                 raise
         self.commit()
+        if plugin is not None:  # the placement learns the new version before the sync task returns
+            plugin.send_report(force=True)
         return {"worker": self.worker.address, "weight_version": version, "seconds": time.perf_counter() - t0}
 
     def _h_abort(self) -> dict:

@@ -1,0 +1,84 @@
+"""The run's rollout workers, as the driver tracks them between and during steps.
+
+A worker is *ready* when it holds the run's model at the weight version of the step being run. Workers
+come and go during a run (an elastic scaler adds some, a by-hand `dask worker` joins, one dies): a
+worker that connects mid-run is *joining* while it builds its engine (`prepare_worker`) and is brought
+to the current version by a catch-up sync from the trainer; until then the placement plugin keeps
+rollouts off it (its engine is behind the tasks' weight version). A worker that left is dropped; Dask
+re-runs its unfinished tasks and the plugin places them elsewhere.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+
+from distributed import Client
+
+from rose.worker import ROLLOUT_ROLES, prepare_worker
+
+logger = logging.getLogger("rose.run")
+
+
+def roles_of(client: Client) -> dict[str, list[str]]:
+    """Worker addresses by ROSE role, from the reports workers attach to their heartbeats."""
+    by_role: dict[str, list[str]] = collections.defaultdict(list)
+    for addr, info in client.scheduler_info(n_workers=-1)["workers"].items():
+        r = (info.get("metrics") or {}).get("rose") or {}
+        if r.get("role"):
+            by_role[r["role"]].append(addr)
+    return {k: sorted(v) for k, v in by_role.items()}
+
+
+class Fleet:
+    def __init__(self, client: Client, spec, trainer: str, ready: list[str]):
+        self.client = client
+        self.spec = spec  # ModelSpec of the run
+        self.trainer = trainer
+        self.synced: dict[str, int] = {a: 0 for a in ready}  # ready worker -> weight version it holds
+        self.joining: dict[str, object] = {}  # address -> Future of its catch-up
+        self.failed: dict[str, str] = {}  # address -> why it could not join
+        self._n = 0
+
+    @property
+    def ready(self) -> list[str]:
+        return sorted(self.synced)
+
+    def poll(self, version: int) -> None:
+        """Notice arrivals and departures; start or finish joins. Cheap: one scheduler call."""
+        from rose.ops.train import catch_up
+
+        current = {a for r in ROLLOUT_ROLES for a in roles_of(self.client).get(r, [])}
+        for a in [a for a in self.synced if a not in current]:
+            logger.warning("rollout worker %s left the run", a)
+            del self.synced[a]
+        for a, fut in list(self.joining.items()):
+            if a not in current:
+                del self.joining[a]
+            elif fut.done():
+                del self.joining[a]
+                try:
+                    status = fut.result()
+                except Exception as e:
+                    self.failed[a] = f"{type(e).__name__}: {e}"
+                    logger.error("worker %s could not join the run: %s", a, self.failed[a])
+                    continue
+                self.synced[a] = status["version"]
+                logger.info("worker %s joined the run at weight version %d", a, status["version"])
+        for a in sorted(current - set(self.synced) - set(self.joining) - set(self.failed)):
+            self._n += 1
+            prep = self.client.submit(prepare_worker, self.spec, workers=[a], pure=False,
+                                      key=f"rose-prepare-{a}-{self._n}")
+            self.joining[a] = self.client.submit(catch_up, prep, (a,), workers=[self.trainer], pure=False,
+                                                 key=f"rose-catch-up-{a}-{self._n}")
+            logger.info("worker %s connected mid-run: building its engine, then catching up", a)
+        # Ready workers that missed a sync (they joined during the step before) catch up again.
+        for a in [a for a, v in self.synced.items() if v < version and a not in self.joining]:
+            del self.synced[a]
+            self._n += 1
+            self.joining[a] = self.client.submit(catch_up, None, (a,), workers=[self.trainer], pure=False,
+                                                 key=f"rose-catch-up-{a}-{self._n}")
+
+    def synced_to(self, statuses: list[dict]) -> None:
+        for s in statuses:
+            if s["worker"] in self.synced:
+                self.synced[s["worker"]] = s["weight_version"]
