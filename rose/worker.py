@@ -71,6 +71,7 @@ class RoseWorker(WorkerPlugin):
         self._last_sent: tuple | None = None
         self._last_sent_t = 0.0
         self._report_pc = None
+        self.slot_cap: int | None = None  # an operator's limit on the slots reported (0 drains the worker)
 
     def setup(self, worker):
         self.worker = worker
@@ -127,10 +128,20 @@ class RoseWorker(WorkerPlugin):
         """Rollout sequences this worker can run at once now: its engine's batch on a dedicated worker,
         the co-serving executor's spare capacity next to online traffic on a serving worker."""
         if self.role == "serving":
-            return self.serving.executor.rollout_capacity if self.serving is not None else 0
-        if self.role == "dedicated" and self.loop is not None and self.spec is not None:
-            return self.spec.engine.max_num_seqs
-        return 0
+            n = self.serving.executor.rollout_capacity if self.serving is not None else 0
+        elif self.role == "dedicated" and self.loop is not None and self.spec is not None:
+            n = self.spec.engine.max_num_seqs
+        else:
+            n = 0
+        return n if self.slot_cap is None else min(n, self.slot_cap)
+
+    def set_slot_cap(self, cap: int | None) -> None:
+        """Limit the rollout slots this worker offers (None: no limit; 0 drains it: its running rollouts
+        are shed and finish elsewhere). Reported at once."""
+        if cap is not None and cap < 0:
+            raise ConfigError(f"slot cap must be >= 0 or None, got {cap}")
+        self.slot_cap = cap
+        self.send_report(force=True)
 
     def send_report(self, force: bool = False) -> None:
         """Tell the scheduler's placement plugin about a change (or every 2 s, for its history)."""

@@ -128,7 +128,9 @@ async def agent_loop(spec: RolloutSpec, env, engine_loop, tokenizer, max_model_l
             traj.queue_s += gen.queue_s
             action = tokenizer.decode(gen.token_ids, skip_special_tokens=True)
             actions.append(action)
-            result = env.step(action)
+            # An environment that blocks (tools, sandboxes, I/O) says so and steps off the event loop.
+            result = await asyncio.to_thread(env.step, action) if getattr(env, "blocking", False) \
+                else env.step(action)
             traj.env_reward += float(result.reward)
             traj.add_context(_encode(tokenizer, result.observation))
             if result.done:

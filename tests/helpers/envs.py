@@ -22,6 +22,20 @@ class RaisingEnv(GuessEnv):
         return super().reset(seed)
 
 
+class SlowEnv(GuessEnv):
+    """Plays like `guess`, but each step waits 0.3 s (a tool call): rollouts stay in flight long enough
+    to be shed or to lose their worker."""
+
+    name = "slow"
+    blocking = True
+
+    def step(self, action):
+        import time
+
+        time.sleep(0.3)
+        return super().step(action)
+
+
 class LongPromptEnv(GuessEnv):
     """Its first observation is longer than any test model's context."""
 

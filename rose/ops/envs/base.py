@@ -28,6 +28,8 @@ class Env(Protocol):
     name: str  # registry name, e.g. "guess"
     max_turns: int  # policy turns at most; the rollout stops with finish_reason "max_turns"
     max_action_tokens: int  # tokens the policy may write in one turn
+    # Optional class attribute `blocking = True`: `step` waits on I/O or tools, so rollouts call it in a
+    # thread instead of on the worker's event loop (where a hundred rollouts share one thread).
 
     def reset(self, seed: int) -> str:
         """Start an episode; return the first observation (the prompt)."""

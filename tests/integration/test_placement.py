@@ -1,0 +1,120 @@
+"""The placement plugin on a real cluster: scheduler, trainer and two dedicated workers as processes,
+real vLLM engines. Rollouts use an environment whose steps take 0.3 s, so tasks are in flight when
+a worker's capacity drops or the worker dies."""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+import pytest
+
+import rose
+from rose.config import ClusterConfig, EngineConfig
+from tests.integration.helpers import small_pipeline
+
+SLOW = "tests.helpers.envs:SlowEnv"
+
+
+def plugin_state(client) -> dict:
+    return client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.plugins["rose"].state())
+
+
+def wait_for(pred, timeout=120.0, what="condition"):
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        value = pred()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def two_workers():
+    from distributed import Client
+
+    from rose.runtime.cluster import LocalRoseCluster
+
+    logging.getLogger("distributed").setLevel(logging.WARNING)
+    with LocalRoseCluster(ClusterConfig(num_dedicated=2), EngineConfig()) as c, Client(c) as client:
+        yield client
+
+
+def run_in_background(client, pipeline, steps=1):
+    box = {}
+
+    def go():
+        try:
+            box["report"] = rose.run(pipeline, cluster=client, steps=steps, progress=False)
+        except BaseException as e:  # surfaced by the test
+            box["error"] = e
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    return t, box
+
+
+def dedicated(client) -> list[str]:
+    return sorted(a for a, w in plugin_state(client)["workers"].items() if w["role"] == "dedicated")
+
+
+def check_complete(report, n):
+    t = report.trajectories
+    ids = t["trajectory_id"].to_pylist()
+    assert len(ids) == n and len(set(ids)) == n
+    assert report.lost == 0 and report.duplicated == 0
+    assert set(t["finish_reason"].to_pylist()) <= {"done", "max_turns", "length"}, t["error"].to_pylist()
+
+
+def test_capacity_drop_stops_dispatch_and_shed_rollouts_finish_elsewhere(two_workers):
+    client = two_workers
+    pipeline = small_pipeline(SLOW, model_env="guess", groups=8, group_size=4)
+    thread, box = run_in_background(client, pipeline)
+    # Both workers run rollouts of the step...
+    wait_for(lambda: len(dedicated(client)) == 2 and all(
+        plugin_state(client)["workers"][a]["inflight"] > 0 for a in dedicated(client)), what="rollouts on both")
+    a, b = dedicated(client)
+    # ...then `a` drains: its capacity drops to 0.
+    client.run(lambda dask_worker: dask_worker.plugins["rose"].set_slot_cap(0), workers=[a])
+    wait_for(lambda: plugin_state(client)["workers"][a]["slots"] == 0, what="the drop reaching the scheduler")
+    dispatched_a = plugin_state(client)["workers"][a]["dispatched"]
+    thread.join(300)
+    assert "error" not in box, box.get("error")
+    report = box["report"]
+    check_complete(report, 32)
+    state = plugin_state(client)
+    assert state["workers"][a]["dispatched"] == dispatched_a  # nothing new went to the drained worker
+    assert state["workers"][a]["shed"] >= 1 and state["workers"][a]["inflight"] == 0
+    # A shed trajectory names both workers: it began on `a` and ended on `b`.
+    turn_workers = report.trajectories["turn_workers"].to_pylist()
+    moved = [tw for tw in turn_workers if a in tw and b in tw]
+    assert moved, turn_workers
+    assert all(tw.index(b) > max(i for i, w in enumerate(tw) if w == a) for tw in moved)
+    assert all(w == b for w in report.trajectories.filter(
+        [a in tw and b in tw for tw in turn_workers])["worker"].to_pylist())
+    assert state["errors"] == 0, state["last_error"]
+    client.run(lambda dask_worker: dask_worker.plugins["rose"].set_slot_cap(None), workers=[a])
+
+
+def test_killed_worker_rollouts_are_replaced_once(two_workers):
+    client = two_workers
+    pipeline = small_pipeline(SLOW, model_env="guess", groups=8, group_size=4, steps=2)
+    thread, box = run_in_background(client, pipeline, steps=2)
+    wait_for(lambda: len(dedicated(client)) == 2 and all(
+        plugin_state(client)["workers"][x]["inflight"] > 0 for x in dedicated(client)), what="rollouts on both")
+    victim = dedicated(client)[0]
+    async def die():
+        os._exit(1)
+
+    client.run(die, workers=[victim], wait=False)
+    thread.join(300)
+    assert "error" not in box, box.get("error")
+    report = box["report"]
+    check_complete(report, 64)
+    assert victim not in report.trajectories["worker"].unique().to_pylist()  # its rollouts ran again elsewhere
+    state = plugin_state(client)
+    assert state["errors"] == 0, state["last_error"]
+    assert victim not in state["workers"]
+    assert any(e[1] == "removed" and e[2] == victim for e in state["events"])
