@@ -1,0 +1,136 @@
+"""The by-hand cluster of the README: `dask scheduler --preload rose.plugin` and `dask worker --preload
+rose.worker --rose-role ...` started as subprocesses, one RL step driven through them; and the bad
+input those commands must refuse clearly."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+from distributed import Client
+
+import rose
+from tests.integration.helpers import small_pipeline
+
+BIN = os.path.dirname(sys.executable)
+ENV = dict(os.environ, DASK_DISTRIBUTED__WORKER__DAEMON="False")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(args: list[str], log) -> subprocess.Popen:
+    return subprocess.Popen([os.path.join(BIN, "dask"), *args], stdout=log, stderr=subprocess.STDOUT, env=ENV,
+                            cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+def wait_workers(client: Client, n: int, timeout: float = 120) -> None:
+    t0 = time.monotonic()
+    while len(client.scheduler_info(n_workers=-1)["workers"]) < n:
+        assert time.monotonic() - t0 < timeout, "workers did not connect"
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def by_hand(tmp_path_factory):
+    log_dir = tmp_path_factory.mktemp("by_hand")
+    port = free_port()
+    addr = f"tcp://127.0.0.1:{port}"
+    logs = {name: open(log_dir / f"{name}.log", "w+") for name in ("scheduler", "trainer", "dedicated")}
+    procs = [start(["scheduler", "--host", "127.0.0.1", "--port", str(port), "--dashboard-address", ":0",
+                    "--preload", "rose.plugin", "--rose-policy", "rose"], logs["scheduler"])]
+    client = None
+    try:
+        client = Client(addr, timeout=60)
+        procs.append(start(["worker", addr, "--nthreads", "2", "--preload", "rose.worker", "--rose-role", "trainer",
+                            "--rose-cores", "1"], logs["trainer"]))
+        wait_workers(client, 1)
+        yield client, addr, procs, logs
+    finally:
+        if client is not None:
+            client.close()
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        for f in logs.values():
+            f.close()
+
+
+def log_text(f) -> str:
+    f.flush()
+    f.seek(0)
+    return f.read()
+
+
+def plugin_state(client) -> dict:
+    return client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.plugins["rose"].state())
+
+
+def test_rollouts_wait_with_one_warning_until_a_rollout_worker_joins(by_hand):
+    client, addr, procs, logs = by_hand
+    # A rollout task with no rollout-capable worker connected: parked, one warning, no error storm.
+    probe = client.submit(sum, [1, 2], key="rose-rollout-probe", pure=False)
+    t0 = time.monotonic()
+    while not plugin_state(client)["warning"]:
+        assert time.monotonic() - t0 < 30, "no warning"
+        time.sleep(0.1)
+    time.sleep(1.0)  # several dispatch rounds
+    assert probe.status == "pending"
+    assert log_text(logs["scheduler"]).count("rollout tasks wait: no rollout-capable worker") == 1
+    assert plugin_state(client)["errors"] == 0
+    probe.release()
+
+
+def test_unknown_role_is_refused(by_hand):
+    client, addr, procs, logs = by_hand
+    # By the worker's own command line, with the choices listed...
+    out = subprocess.run([os.path.join(BIN, "dask"), "worker", addr, "--preload", "rose.worker", "--rose-role", "gpu",
+                          "--no-nanny", "--death-timeout", "10"], capture_output=True, text=True, timeout=120, env=ENV)
+    text = out.stdout + out.stderr
+    assert "'gpu' is not one of 'trainer', 'dedicated', 'serving'" in text, text[-2000:]
+    # ...and by the plugin, for a report that names an unknown role.
+    trainer = next(iter(client.scheduler_info(n_workers=-1)["workers"]))
+
+    def bogus(dask_worker):
+        dask_worker.log_event("rose-capacity", {"worker": dask_worker.address, "role": "gpu", "slots": 8})
+
+    client.run(bogus, workers=[trainer])
+    t0 = time.monotonic()
+    while trainer not in plugin_state(client)["refused"]:
+        assert time.monotonic() - t0 < 10
+        time.sleep(0.1)
+    assert "unknown role 'gpu'" in plugin_state(client)["refused"][trainer]
+    assert "refusing worker" in log_text(logs["scheduler"])
+
+
+def test_bad_policy_is_a_cli_error():
+    out = subprocess.run([os.path.join(BIN, "dask"), "scheduler", "--port", "0", "--dashboard-address", ":0",
+                          "--preload", "rose.plugin", "--rose-policy", "best"], capture_output=True, text=True,
+                         timeout=120, env=ENV)
+    assert out.returncode != 0
+    assert "'best' is not one of 'rose', 'fixed', 'elastic'" in out.stdout + out.stderr
+
+
+def test_one_step_through_by_hand_processes(by_hand):
+    client, addr, procs, logs = by_hand
+    procs.append(start(["worker", addr, "--nthreads", "64", "--preload", "rose.worker", "--rose-role", "dedicated",
+                        "--rose-cores", "0"], logs["dedicated"]))
+    wait_workers(client, 2)
+    report = rose.run(small_pipeline("guess", groups=2, group_size=4), cluster=addr, steps=1, progress=False)
+    t = report.trajectories
+    assert t.num_rows == 8 and report.lost == 0 and report.duplicated == 0
+    assert set(t["placement"].to_pylist()) == {"dedicated"}
+    state = plugin_state(client)
+    assert state["policy"] == "rose" and state["errors"] == 0
+    (d,) = [a for a, w in state["workers"].items() if w["role"] == "dedicated"]
+    assert state["workers"][d]["dispatched"] == 2 and state["workers"][d]["weight_version"] == 1
