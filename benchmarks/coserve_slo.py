@@ -126,8 +126,8 @@ def main():
     from distributed import Client
 
     from rose.config import ClusterConfig, EngineConfig, ModelConfig
+    from rose.fleet import roles_of as _roles
     from rose.models import prepare_model
-    from rose.runner import _roles
     from rose.runtime.cluster import LocalRoseCluster
     from rose.runtime.coserve import traffic
     from rose.worker import ModelSpec, prepare_worker
@@ -153,16 +153,7 @@ def main():
                                          burst=traffic.Burst(every_s=20, length_s=4, factor=3.0), seed=args.seed)
             source = "synthetic Poisson, 3x bursts"
         else:
-            # Time scale: the replayed stretch of the trace (its first `duration / scale` seconds) must
-            # arrive at `rate` on average; that stretch depends on the scale, so settle it by iteration.
-            full = traffic.azure_trace(args.trace)
-            scale = len(full) / full[-1].t / rate
-            for _ in range(20):
-                span = duration / scale
-                n = sum(1 for a in full if a.t < span)
-                scale = n / span / rate
-            arrivals = traffic.azure_trace(args.trace, time_scale=scale, token_scale=0.03, gen_scale=0.1,
-                                           max_prompt=48, max_gen=32, duration_s=duration)
+            arrivals, scale = traffic.azure_trace_at_rate(args.trace, rate, duration)
             source = f"Azure conversation trace, time x{scale:.3f}, prompts x0.03, outputs x0.1"
         print(f"serving capacity {cap:.1f} req/s; traffic {len(arrivals) / duration:.2f} req/s "
               f"({len(arrivals)} requests; {source})", file=sys.stderr)

@@ -113,9 +113,9 @@ def run_both(model_dir, engine_cfg, max_len, rounds, n, seed):
     from distributed import Client, wait
 
     from rose.config import ClusterConfig
+    from rose.fleet import roles_of as _roles
     from rose.graph import Graph, LowerContext, lower
     from rose.graph.submit import submit
-    from rose.runner import _roles
     from rose.runtime.cluster import LocalRoseCluster
     from rose.runtime.trajectory import concat
     from rose.worker import ModelSpec, prepare_worker
@@ -127,6 +127,7 @@ def run_both(model_dir, engine_cfg, max_len, rounds, n, seed):
         with LocalRoseCluster(ClusterConfig(num_dedicated=1, cores=cores), engine_cfg) as cluster, \
                 Client(cluster) as client:
             roles = _roles(client)
+            roles["rollout"] = roles["dedicated"]
             spec = ModelSpec(model_dir, max_len, engine_cfg, seed)
             client.submit(prepare_worker, spec, workers=roles["dedicated"], pure=False).result()
             results = []

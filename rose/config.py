@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass, field
 
 from rose.errors import config_check
+from rose.runtime.placement.elastic import ElasticConfig
 
 
 def _positive(cls: str, name: str, value, allow_zero: bool = False) -> None:
@@ -107,10 +108,16 @@ class ClusterConfig:
     serving_ttft_ms: float = 1000.0  # their SLOs
     serving_tpot_ms: float = 100.0
     policy: str = "rose"  # rollout placement (rose.plugin): rose | fixed | elastic
+    # Rollout sequences a dedicated worker runs at once (its --rose-slots); None: the engine's max_num_seqs.
+    # Below the step's sequences, the rest overflow to serving (rose) or on-demand (elastic) workers.
+    dedicated_slots: int | None = None
+    elastic: ElasticConfig = ElasticConfig()  # policy "elastic": on-demand dedicated workers
 
     def __post_init__(self):
         c = "ClusterConfig"
         config_check(self.policy in ("rose", "fixed", "elastic"), c, "policy", self.policy, "rose, fixed or elastic")
+        config_check(self.dedicated_slots is None or self.dedicated_slots >= 1, c, "dedicated_slots",
+                     self.dedicated_slots, ">= 1 or None")
         _positive(c, "num_dedicated", self.num_dedicated, allow_zero=True)
         _positive(c, "num_serving", self.num_serving, allow_zero=True)
         config_check(self.num_dedicated + self.num_serving > 0, c, "num_dedicated", self.num_dedicated,

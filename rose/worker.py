@@ -44,7 +44,7 @@ class RoseWorker(WorkerPlugin):
     idempotent = True
 
     def __init__(self, role: str, cores: tuple[int, ...] | None = None, site: str = DEFAULT_SITE,
-                 elastic: bool = False):
+                 elastic: bool = False, max_slots: int | None = None):
         if role not in ROLES:
             raise ConfigError(f"unknown ROSE worker role {role!r}; choose one of {list(ROLES)}")
         if not site:
@@ -71,6 +71,7 @@ class RoseWorker(WorkerPlugin):
         self._last_sent: tuple | None = None
         self._last_sent_t = 0.0
         self._report_pc = None
+        self.max_slots = max_slots  # dedicated role: rollout sequences at once (None: the engine's max_num_seqs)
         self.slot_cap: int | None = None  # an operator's limit on the slots reported (0 drains the worker)
 
     def setup(self, worker):
@@ -130,7 +131,7 @@ class RoseWorker(WorkerPlugin):
         if self.role == "serving":
             n = self.serving.executor.rollout_capacity if self.serving is not None else 0
         elif self.role == "dedicated" and self.loop is not None and self.spec is not None:
-            n = self.spec.engine.max_num_seqs
+            n = self.max_slots or self.spec.engine.max_num_seqs
         else:
             n = 0
         return n if self.slot_cap is None else min(n, self.slot_cap)
@@ -318,11 +319,17 @@ def _parse_cores(value: str | None) -> tuple[int, ...] | None:
 @click.option("--rose-tpot-ms", type=float, default=100.0, show_default=True, help="serving role: TPOT SLO")
 @click.option("--rose-rollout-seqs", type=int, default=64, show_default=True,
               help="serving role: at most this many rollout sequences in flight (the memory budget)")
+@click.option("--rose-slots", type=click.IntRange(min=1), default=None,
+              help="dedicated role: rollout sequences run at once [default: the engine's max_num_seqs]")
 @click.option("--rose-elastic", is_flag=True, default=False,
               help="this worker was started on demand by the elastic baseline's scaler")
 async def dask_setup(worker, rose_role, rose_cores, rose_site, rose_serving_model, rose_http_port, rose_http_host,
-                     rose_ttft_ms, rose_tpot_ms, rose_rollout_seqs, rose_elastic):
-    plugin = RoseWorker(role=rose_role, cores=_parse_cores(rose_cores), site=rose_site, elastic=rose_elastic)
+                     rose_ttft_ms, rose_tpot_ms, rose_rollout_seqs, rose_slots, rose_elastic):
+    plugin = RoseWorker(role=rose_role, cores=_parse_cores(rose_cores), site=rose_site, elastic=rose_elastic,
+                        max_slots=rose_slots)
+    if rose_role in ROLLOUT_ROLES and worker.state.nthreads < 16:
+        logger.warning("rollout worker %s has %d threads: at most %d rollout tasks run on it at once; start it "
+                       "with --nthreads 128", worker.address, worker.state.nthreads, worker.state.nthreads)
     await worker.plugin_add(plugin, name=PLUGIN_NAME)
     if rose_role == "serving":
         from rose.runtime.coserve.host import ServingConfig

@@ -6,24 +6,37 @@ own cores: several vLLM engines (and the trainer) on a few cores otherwise starv
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 
 from distributed import Nanny, Scheduler, SpecCluster
+from distributed.core import Status
+from tornado.ioloop import PeriodicCallback
 
 from rose.config import ClusterConfig, EngineConfig
+from rose.runtime.placement.elastic import elastic_target
+
+logger = logging.getLogger("rose.cluster")
+ELASTIC_PREFIX = "elastic-"
+
+
+def _host_cores(cfg: ClusterConfig) -> list[int]:
+    return list(cfg.cores) if cfg.cores else sorted(os.sched_getaffinity(0))
+
+
+def _rollout_core(cfg: ClusterConfig, i: int) -> tuple[int, ...]:
+    """The core of the i-th rollout worker (dedicated ones first, then serving, then on-demand ones):
+    round-robin over the host's cores, the trainer's (the last) last, so a rollout worker shares the
+    trainer's core only when every other core has one (in synchronous mode the trainer idles while
+    rollouts run)."""
+    cores = _host_cores(cfg)
+    return (cores[i % len(cores)],)
 
 
 def _core_plan(cfg: ClusterConfig) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
-    """Trainer cores and one core tuple per rollout worker (dedicated ones first, then serving ones).
-
-    The trainer takes the last core; rollout workers share the rest round-robin (on a one-core
-    host everyone shares it).
-    """
-    cores = list(cfg.cores) if cfg.cores else sorted(os.sched_getaffinity(0))
-    trainer = (cores[-1],)
-    rest = cores[:-1] or cores
-    return trainer, [(rest[i % len(rest)],) for i in range(cfg.num_dedicated + cfg.num_serving)]
+    """Trainer cores and one core tuple per rollout worker."""
+    return (_host_cores(cfg)[-1],), [_rollout_core(cfg, i) for i in range(cfg.num_dedicated + cfg.num_serving)]
 
 
 def _worker_spec(role: str, cores: tuple[int, ...], nthreads: int, engine: EngineConfig, name: str,
@@ -49,6 +62,19 @@ def _worker_spec(role: str, cores: tuple[int, ...], nthreads: int, engine: Engin
     }
 
 
+class AllocatedNanny(Nanny):
+    """A worker that first waits out a resource manager's allocation delay (the elastic baseline's
+    on-demand workers: asking a cloud or batch system for a node is not instant)."""
+
+    def __init__(self, *args, allocation_delay_s: float = 0.0, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.allocation_delay_s = allocation_delay_s
+
+    async def start_unsafe(self):
+        await asyncio.sleep(self.allocation_delay_s)
+        return await super().start_unsafe()
+
+
 class LocalRoseCluster(SpecCluster):
     """Example:
 
@@ -61,10 +87,11 @@ class LocalRoseCluster(SpecCluster):
         self.engine_config = engine
         trainer_cores, dedicated_cores = _core_plan(config)
         workers = {"trainer-0": _worker_spec("trainer", trainer_cores, 2, engine, "trainer-0", config.trainer_site)}
+        slots = ("--rose-slots", str(config.dedicated_slots)) if config.dedicated_slots else ()
         for i, cores in enumerate(dedicated_cores[:config.num_dedicated]):
             name = f"dedicated-{i}"
             site = config.dedicated_sites[i] if config.dedicated_sites else config.trainer_site
-            workers[name] = _worker_spec("dedicated", cores, engine.rollout_slots, engine, name, site)
+            workers[name] = _worker_spec("dedicated", cores, engine.rollout_slots, engine, name, site, slots)
         for i, cores in enumerate(dedicated_cores[config.num_dedicated:]):
             name = f"serving-{i}"
             argv = ("--rose-serving-model", config.serving_model, "--rose-ttft-ms", str(config.serving_ttft_ms),
@@ -78,4 +105,41 @@ class LocalRoseCluster(SpecCluster):
             # the placement plugin, as `dask scheduler --preload rose.plugin --rose-policy ...` installs it
             "preload": ["rose.plugin"], "preload_argv": ["--rose-policy", config.policy],
         }}
+        self._dedicated_argv = slots
+        self._elastic_n = 0
         super().__init__(workers=workers, scheduler=scheduler, silence_logs=logging.WARNING, name="rose", **kwargs)
+        if config.policy == "elastic":
+            # The elastic baseline's scaler: asks the placement plugin what waits, decides (pure), and
+            # scales through SpecCluster.scale; new workers come from `new_worker_spec`.
+            pc = PeriodicCallback(self._elastic_tick, 500)
+            self.periodic_callbacks["rose-elastic"] = pc
+            self.loop.add_callback(pc.start)
+
+    def new_worker_spec(self) -> dict:
+        cfg = self.config
+        name = f"{ELASTIC_PREFIX}{self._elastic_n}"
+        cores = _rollout_core(cfg, cfg.num_dedicated + cfg.num_serving + self._elastic_n)
+        self._elastic_n += 1
+        spec = _worker_spec("dedicated", cores, self.engine_config.rollout_slots, self.engine_config, name,
+                            cfg.trainer_site, (*self._dedicated_argv, "--rose-elastic"))
+        spec["cls"] = AllocatedNanny
+        spec["options"]["allocation_delay_s"] = cfg.elastic.allocation_delay_s
+        return {name: spec}
+
+    async def _elastic_tick(self) -> None:
+        if self.status != Status.running:
+            return
+        try:
+            demand = await self.scheduler_comm.rose_elastic_demand()
+        except Exception as e:  # the scheduler is going away, or runs without rose.plugin
+            logger.warning("elastic scaler: no demand from the scheduler: %s", e)
+            return
+        up = {w.get("name") for w in self.scheduler_info.get("workers", {}).values()}
+        elastic = [n for n in self.worker_spec if str(n).startswith(ELASTIC_PREFIX)]
+        held = sum(n in up for n in elastic)
+        target = elastic_target(demand["waiting_seqs"], held, len(elastic) - held, demand["idle_s"],
+                                self.config.elastic)
+        if target != len(elastic):
+            logger.info("elastic scaler: %d on-demand workers -> %d (%d sequences waiting)", len(elastic), target,
+                        demand["waiting_seqs"])
+            self.scale(len(self.worker_spec) - len(elastic) + target)

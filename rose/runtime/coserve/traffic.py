@@ -102,6 +102,22 @@ def azure_trace(path: str, time_scale: float = 1.0, token_scale: float = 1.0, ma
     return out
 
 
+def azure_trace_at_rate(path: str, rate: float, duration_s: float, token_scale: float = 0.03,
+                        gen_scale: float = 0.1, max_prompt: int = 48, max_gen: int = 32) -> tuple[list[Arrival], float]:
+    """The trace's first stretch, time-scaled so that `duration_s` seconds of it arrive at `rate`
+    requests/s on average. Returns (arrivals, time scale). The stretch replayed depends on the scale,
+    so the scale is settled by fixed-point iteration."""
+    if not rate > 0:
+        raise ConfigError(f"rate={rate} must be > 0 requests/s")
+    full = azure_trace(path)
+    scale = len(full) / max(full[-1].t, 1e-9) / rate
+    for _ in range(20):
+        span = duration_s / scale
+        scale = sum(1 for a in full if a.t < span) / span / rate
+    return azure_trace(path, time_scale=scale, token_scale=token_scale, gen_scale=gen_scale, max_prompt=max_prompt,
+                       max_gen=max_gen, duration_s=duration_s), scale
+
+
 @dataclass
 class RequestResult:
     arrival: Arrival
@@ -174,8 +190,9 @@ async def _one(http, a: Arrival, model: str, vocab: int, rng: random.Random) -> 
 
 
 async def play(url: str, arrivals: list[Arrival], ttft_ms: float, tpot_ms: float, seed: int = 0,
-               progress=None) -> LoadReport:
-    """Send every arrival at its time; returns per-request client-side measurements."""
+               progress=None, stop=None) -> LoadReport:
+    """Send every arrival at its time; returns per-request client-side measurements. `stop` (a
+    threading.Event): send no more once it is set, and report the requests already sent."""
     import aiohttp
 
     rng = random.Random(seed)
@@ -189,8 +206,11 @@ async def play(url: str, arrivals: list[Arrival], ttft_ms: float, tpot_ms: float
         tasks = []
         for a in arrivals:
             delay = start + a.t - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
+            while delay > 0 and not (stop is not None and stop.is_set()):
+                await asyncio.sleep(min(delay, 0.2))
+                delay = start + a.t - time.perf_counter()
+            if stop is not None and stop.is_set():
+                break
             tasks.append(asyncio.create_task(_one(http, a, model, vocab, rng)))
             if progress:
                 progress(len(tasks))
