@@ -90,25 +90,6 @@ def _tokens_now(client, worker) -> int:
     return client.run(count, workers=[worker])[worker]
 
 
-async def _capacity(url: str, seconds: float) -> float:
-    """Requests per second the endpoint completes with 16 concurrent clients (closed loop)."""
-    import aiohttp
-
-    done = 0
-    t_end = time.perf_counter() + seconds
-    async with aiohttp.ClientSession(url) as http:
-        async def client():
-            nonlocal done
-            while time.perf_counter() < t_end:
-                body = {"prompt": [1, 5, 6, 7, 8, 9, 10, 11], "max_tokens": 16, "ignore_eos": True}
-                async with http.post("/v1/completions", json=body) as r:
-                    await r.read()
-                done += 1
-        t0 = time.perf_counter()
-        await asyncio.gather(*(client() for _ in range(16)))
-        return done / (time.perf_counter() - t0)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="shorter windows (about 3 minutes)")
@@ -146,7 +127,7 @@ def main():
         client.submit(prepare_worker, spec, workers=[worker], pure=False).result()
         info = client.scheduler_info()["workers"][worker]["metrics"]["rose"]
         url = f"http://127.0.0.1:{info['http_port']}"
-        cap = asyncio.run(_capacity(url, 10.0 if args.quick else 20.0))
+        cap = asyncio.run(traffic.capacity(url, 10.0 if args.quick else 20.0))
         rate = args.load * cap
         if args.synthetic:
             arrivals = traffic.synthetic(rate, duration, prompt_tokens=(16, 48), max_tokens=(8, 32),

@@ -98,6 +98,8 @@ class ClusterConfig:
 
     num_dedicated: int = 1  # rollout workers with a dedicated engine
     cores: tuple[int, ...] | None = None  # CPU cores to bind workers to; None = all of this host's
+    # The trainer's cores; None: the last of `cores`. Rollout workers take `cores` round-robin from the first.
+    trainer_cores: tuple[int, ...] | None = None
     dashboard: bool = False  # start the Dask dashboard (port 8787)
     # Network site of each worker, as `--rose-site` gives it on a real cluster (weight sync sends each
     # shard into a site once). Empty: everyone in one site.
@@ -128,6 +130,9 @@ class ClusterConfig:
         config_check(not self.dedicated_sites or (len(self.dedicated_sites) == self.num_dedicated
                                                   and all(self.dedicated_sites)),
                      c, "dedicated_sites", self.dedicated_sites, f"{self.num_dedicated} non-empty site names")
+        if self.trainer_cores is not None:
+            config_check(len(self.trainer_cores) > 0 and all(isinstance(x, int) and x >= 0 for x in self.trainer_cores),
+                         c, "trainer_cores", self.trainer_cores, "a non-empty tuple of core ids")
         if self.cores is not None:
             config_check(len(self.cores) > 0 and all(isinstance(x, int) and x >= 0 for x in self.cores),
                          c, "cores", self.cores, "a non-empty tuple of core ids")

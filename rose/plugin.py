@@ -299,6 +299,17 @@ class RoseScheduler(SchedulerPlugin):
         return {"waiting_seqs": max(0, waiting - free), "idle_s": time.monotonic() - self.last_busy}
 
 
+def _register_dashboard() -> None:
+    from rose.dashboard import register
+
+    register()
+
+
+# The dashboard page must be in Dask's table of pages before the scheduler starts its dashboard; a
+# scheduler imports its preloads first, so this runs in time.
+_register_dashboard()
+
+
 def get_plugin(scheduler) -> RoseScheduler | None:
     return scheduler.plugins.get(PLUGIN_NAME)
 

@@ -27,16 +27,17 @@ def _host_cores(cfg: ClusterConfig) -> list[int]:
 
 def _rollout_core(cfg: ClusterConfig, i: int) -> tuple[int, ...]:
     """The core of the i-th rollout worker (dedicated ones first, then serving, then on-demand ones):
-    round-robin over the host's cores, the trainer's (the last) last, so a rollout worker shares the
-    trainer's core only when every other core has one (in synchronous mode the trainer idles while
-    rollouts run)."""
+    round-robin over the host's cores from the first; the trainer's is by default the last, so a
+    rollout worker shares it only when every other core has one (in synchronous mode the trainer
+    idles while rollouts run)."""
     cores = _host_cores(cfg)
     return (cores[i % len(cores)],)
 
 
 def _core_plan(cfg: ClusterConfig) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
     """Trainer cores and one core tuple per rollout worker."""
-    return (_host_cores(cfg)[-1],), [_rollout_core(cfg, i) for i in range(cfg.num_dedicated + cfg.num_serving)]
+    trainer = tuple(cfg.trainer_cores) if cfg.trainer_cores else (_host_cores(cfg)[-1],)
+    return trainer, [_rollout_core(cfg, i) for i in range(cfg.num_dedicated + cfg.num_serving)]
 
 
 def _worker_spec(role: str, cores: tuple[int, ...], nthreads: int, engine: EngineConfig, name: str,

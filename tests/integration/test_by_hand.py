@@ -40,10 +40,10 @@ def wait_workers(client: Client, n: int, timeout: float = 120) -> None:
 @pytest.fixture(scope="module")
 def by_hand(tmp_path_factory):
     log_dir = tmp_path_factory.mktemp("by_hand")
-    port = free_port()
+    port, dash = free_port(), free_port()
     addr = f"tcp://127.0.0.1:{port}"
     logs = {name: open(log_dir / f"{name}.log", "w+") for name in ("scheduler", "trainer", "dedicated")}
-    procs = [start(["scheduler", "--host", "127.0.0.1", "--port", str(port), "--dashboard-address", ":0",
+    procs = [start(["scheduler", "--host", "127.0.0.1", "--port", str(port), "--dashboard-address", f"127.0.0.1:{dash}",
                     "--preload", "rose.plugin", "--rose-policy", "rose"], logs["scheduler"])]
     client = None
     try:
@@ -51,6 +51,7 @@ def by_hand(tmp_path_factory):
         procs.append(start(["worker", addr, "--nthreads", "2", "--preload", "rose.worker", "--rose-role", "trainer",
                             "--rose-cores", "1"], logs["trainer"]))
         wait_workers(client, 1)
+        client.dashboard_port = dash
         yield client, addr, procs, logs
     finally:
         if client is not None:
@@ -134,3 +135,13 @@ def test_one_step_through_by_hand_processes(by_hand):
     assert state["policy"] == "rose" and state["errors"] == 0
     (d,) = [a for a, w in state["workers"].items() if w["role"] == "dedicated"]
     assert state["workers"][d]["dispatched"] == 2 and state["workers"][d]["weight_version"] == 1
+
+
+def test_dashboard_has_a_rose_page(by_hand):
+    import urllib.request
+
+    client, addr, procs, logs = by_hand
+    with urllib.request.urlopen(f"http://127.0.0.1:{client.dashboard_port}/rose", timeout=30) as r:
+        html = r.read().decode()
+    assert r.status == 200 and "<title>Dask: ROSE</title>" in html
+    assert "Traceback" not in log_text(logs["scheduler"])

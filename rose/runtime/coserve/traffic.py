@@ -110,10 +110,14 @@ def azure_trace_at_rate(path: str, rate: float, duration_s: float, token_scale: 
     if not rate > 0:
         raise ConfigError(f"rate={rate} must be > 0 requests/s")
     full = azure_trace(path)
-    scale = len(full) / max(full[-1].t, 1e-9) / rate
-    for _ in range(20):
-        span = duration_s / scale
-        scale = sum(1 for a in full if a.t < span) / span / rate
+    if len(full) / rate <= duration_s:
+        # The whole trace at `rate` lasts no longer than asked: replay all of it at that mean rate.
+        scale = len(full) / max(full[-1].t, 1e-9) / rate
+    else:
+        scale = len(full) / max(full[-1].t, 1e-9) / rate
+        for _ in range(20):
+            span = duration_s / scale
+            scale = sum(1 for a in full if a.t < span) / span / rate
     return azure_trace(path, time_scale=scale, token_scale=token_scale, gen_scale=gen_scale, max_prompt=max_prompt,
                        max_gen=max_gen, duration_s=duration_s), scale
 
@@ -216,3 +220,23 @@ async def play(url: str, arrivals: list[Arrival], ttft_ms: float, tpot_ms: float
                 progress(len(tasks))
         results = await asyncio.gather(*tasks)
     return LoadReport(list(results), ttft_ms, tpot_ms)
+
+
+async def capacity(url: str, seconds: float, clients: int = 16) -> float:
+    """Requests per second the endpoint completes with `clients` concurrent closed-loop clients
+    (8-token prompts, 16 tokens out)."""
+    import aiohttp
+
+    done = 0
+    t_end = time.perf_counter() + seconds
+    async with aiohttp.ClientSession(url) as http:
+        async def client():
+            nonlocal done
+            while time.perf_counter() < t_end:
+                body = {"prompt": [1, 5, 6, 7, 8, 9, 10, 11], "max_tokens": 16, "ignore_eos": True}
+                async with http.post("/v1/completions", json=body) as r:
+                    await r.read()
+                done += 1
+        t0 = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(clients)))
+        return done / (time.perf_counter() - t0)
