@@ -114,10 +114,12 @@ class ClusterConfig:
     # Below the step's sequences, the rest overflow to serving (rose) or on-demand (elastic) workers.
     dedicated_slots: int | None = None
     elastic: ElasticConfig = ElasticConfig()  # policy "elastic": on-demand dedicated workers
+    shed_after_s: float = 0.5  # a worker over its slots this long is asked to shed rollouts (s)
 
     def __post_init__(self):
         c = "ClusterConfig"
         config_check(self.policy in ("rose", "fixed", "elastic"), c, "policy", self.policy, "rose, fixed or elastic")
+        _positive(c, "shed_after_s", self.shed_after_s, allow_zero=True)
         config_check(self.dedicated_slots is None or self.dedicated_slots >= 1, c, "dedicated_slots",
                      self.dedicated_slots, ">= 1 or None")
         _positive(c, "num_dedicated", self.num_dedicated, allow_zero=True)

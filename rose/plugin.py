@@ -190,6 +190,10 @@ class RoseScheduler(SchedulerPlugin):
         if old is None or old.get("slots") != report.get("slots") or \
                 old.get("weight_version") != report.get("weight_version"):
             self._kick()
+        if old is not None and report.get("slots", 0) < old.get("slots", 0):  # a drop: shed now if due
+            w = next((w for w in self.view() if w.address == addr), None)
+            if w is not None:
+                self._check_shed(w, time.monotonic())
 
     # ---------------------------------------------------------------- dispatch
     def _kick(self) -> None:
@@ -252,20 +256,24 @@ class RoseScheduler(SchedulerPlugin):
             report = self.workers[w.address]
             self.history.append((time.time(), w.address, w.role, w.slots, w.used, report.get("slo_met"),
                                  report.get("slo_requests")))
-            if w.used <= w.slots:
-                self.over_since.pop(w.address, None)
-                continue
-            since = self.over_since.setdefault(w.address, now)
-            if now - since < self.shed_after_s:
-                continue
-            pending = self.shedding[w.address]
-            running = [t for k, t in self.inflight[w.address].items() if k not in pending]
-            keys = plan_shed(running, w.slots)
-            if keys:
-                pending.update(keys)
-                self.counts[f"shed@{w.address}"] += len(keys)
-                self._event("shed", w.address, f"{len(keys)} tasks ({w.used} sequences on {w.slots} slots)")
-                self.scheduler.worker_send(w.address, {"op": "rose-shed", "keys": keys})
+            self._check_shed(w, now)
+
+    def _check_shed(self, w: WorkerSlot, now: float) -> None:
+        """Ask a worker that has stayed over its slots for `shed_after_s` to give the newest tasks back."""
+        if w.used <= w.slots:
+            self.over_since.pop(w.address, None)
+            return
+        since = self.over_since.setdefault(w.address, now)
+        if now - since < self.shed_after_s:
+            return
+        pending = self.shedding[w.address]
+        running = [t for k, t in self.inflight[w.address].items() if k not in pending]
+        keys = plan_shed(running, w.slots)
+        if keys:
+            pending.update(keys)
+            self.counts[f"shed@{w.address}"] += len(keys)
+            self._event("shed", w.address, f"{len(keys)} tasks ({w.used} sequences on {w.slots} slots)")
+            self.scheduler.worker_send(w.address, {"op": "rose-shed", "keys": keys})
 
     def _event(self, kind: str, addr: str, detail: str) -> None:
         self.events.append((time.time(), kind, addr, detail))

@@ -104,7 +104,8 @@ class LocalRoseCluster(SpecCluster):
             "dashboard": config.dashboard, "dashboard_address": ":8787" if config.dashboard else ":0",
             "host": "127.0.0.1",
             # the placement plugin, as `dask scheduler --preload rose.plugin --rose-policy ...` installs it
-            "preload": ["rose.plugin"], "preload_argv": ["--rose-policy", config.policy],
+            "preload": ["rose.plugin"], "preload_argv": ["--rose-policy", config.policy,
+                                                            "--rose-shed-after", str(config.shed_after_s)],
         }}
         self._dedicated_argv = slots
         self._elastic_n = 0
