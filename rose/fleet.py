@@ -36,6 +36,7 @@ class Fleet:
         self.trainer = trainer
         self.synced: dict[str, int] = {a: 0 for a in ready}  # ready worker -> weight version it holds
         self.joining: dict[str, object] = {}  # address -> Future of its catch-up
+        self.catching_up: set[str] = set()  # joining workers that only miss weights (no engine to build)
         self.failed: dict[str, str] = {}  # address -> why it could not join
         self._n = 0
 
@@ -54,8 +55,10 @@ class Fleet:
         for a, fut in list(self.joining.items()):
             if a not in current:
                 del self.joining[a]
+                self.catching_up.discard(a)
             elif fut.done():
                 del self.joining[a]
+                self.catching_up.discard(a)
                 try:
                     status = fut.result()
                 except Exception as e:
@@ -77,6 +80,23 @@ class Fleet:
             self._n += 1
             self.joining[a] = self.client.submit(catch_up, None, (a,), workers=[self.trainer], pure=False,
                                                  key=f"rose-catch-up-{a}-{self._n}")
+            self.catching_up.add(a)
+
+    def settle(self, version: int, timeout: float = 60.0) -> None:
+        """Before a step: let workers that only miss weights (they joined during the last step, after its
+        sync was planned) catch up, so this step's rollouts and sync include them. A worker still
+        building its engine is not waited for; it joins when ready."""
+        from distributed import wait
+
+        self.poll(version)
+        quick = [self.joining[a] for a in self.catching_up if a in self.joining]
+        if quick:
+            try:
+                wait(quick, timeout=timeout)
+            except TimeoutError:
+                logger.warning("catch-up syncs of %d workers took over %.0f s; the step goes on without them",
+                               len(quick), timeout)
+            self.poll(version)
 
     def synced_to(self, statuses: list[dict]) -> None:
         for s in statuses:

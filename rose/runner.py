@@ -35,8 +35,10 @@ STEP_COLUMNS = ["step", "weight_version", "reward_mean", "reward_std", "trajecto
 
 def _check_placement(client: Client) -> str | None:
     """The scheduler's placement policy, or None (with one warning) if it runs without rose.plugin."""
+    from rose.plugin import get_plugin
+
     def policy(dask_scheduler):
-        plugin = dask_scheduler.plugins.get("rose")
+        plugin = get_plugin(dask_scheduler)
         return plugin.policy if plugin is not None else None
 
     found = client.run_on_scheduler(policy)
@@ -159,7 +161,7 @@ def _wait_rollouts(futures, fleet: Fleet, version: int, poll_s: float = 0.5) -> 
 
 def _run_step(pipeline, client, fleet: Fleet, step, version):
     """One synchronous RL step; returns (metrics row, trajectory table, trajectory ids asked for)."""
-    fleet.poll(version)
+    fleet.settle(version)
     if not fleet.ready and not fleet.joining:
         raise RunError("no rollout worker is left in the run", step=step)
     graph = pipeline.build(step)

@@ -156,10 +156,10 @@ class RoseWorker(WorkerPlugin):
             self.worker.log_event(PLACEMENT_TOPIC, r)
 
     def _on_shed(self, keys=(), **kwargs) -> None:
-        """Scheduler: give these rollout tasks back at their next turn boundary."""
-        mine = [k for k in keys if k in self.rollouts]
-        self.shed.update(mine)
-        logger.info("worker %s sheds %d rollout tasks", self.address, len(mine))
+        """Scheduler: give these rollout tasks back at their next turn boundary (a task that has not
+        started yet gives itself back at its first)."""
+        self.shed.update(keys)
+        logger.info("worker %s sheds %d rollout tasks", self.address, len(keys))
 
     def should_shed(self, key: str | None) -> bool:
         return key is not None and key in self.shed

@@ -141,7 +141,12 @@ def test_dashboard_has_a_rose_page(by_hand):
     import urllib.request
 
     client, addr, procs, logs = by_hand
-    with urllib.request.urlopen(f"http://127.0.0.1:{client.dashboard_port}/rose", timeout=30) as r:
+    import urllib.error
+
+    base = f"http://127.0.0.1:{client.dashboard_port}"
+    with urllib.request.urlopen(f"{base}/rose", timeout=30) as r:
         html = r.read().decode()
-    assert r.status == 200 and "<title>Dask: ROSE</title>" in html
+    assert r.status == 200 and "bokeh" in html  # a bokeh page is served there...
+    with pytest.raises(urllib.error.HTTPError, match="404"):  # ...and not for just any path
+        urllib.request.urlopen(f"{base}/rose-nothing", timeout=30)
     assert "Traceback" not in log_text(logs["scheduler"])

@@ -118,3 +118,26 @@ def test_killed_worker_rollouts_are_replaced_once(two_workers):
     assert state["errors"] == 0, state["last_error"]
     assert victim not in state["workers"]
     assert any(e[1] == "removed" and e[2] == victim for e in state["events"])
+
+
+def test_elastic_policy_adds_a_worker_that_joins_mid_run():
+    """Under the elastic baseline, waiting rollouts make the cluster scale up; the new worker arrives
+    after its allocation delay, builds its engine, catches up on the weights and takes rollouts."""
+    from distributed import Client
+
+    from rose.runtime.cluster import LocalRoseCluster
+    from rose.runtime.placement.elastic import ElasticConfig
+
+    cfg = ClusterConfig(num_dedicated=1, policy="elastic", dedicated_slots=8,
+                        elastic=ElasticConfig(max_extra=1, worker_slots=8, allocation_delay_s=1.0,
+                                              idle_release_s=600.0))
+    pipeline = small_pipeline(SLOW, model_env="guess", groups=8, group_size=4, steps=4)
+    with LocalRoseCluster(cfg, EngineConfig()) as c, Client(c) as client:
+        report = rose.run(pipeline, cluster=client, steps=4, progress=False)
+        state = plugin_state(client)
+    check_complete(report, 128)
+    elastic = [a for a, w in state["workers"].items() if w["elastic"]]
+    assert len(elastic) == 1, state["workers"]
+    assert state["workers"][elastic[0]]["weight_version"] == 4  # caught up, then synced with the rest
+    assert elastic[0] in report.trajectories["worker"].unique().to_pylist()  # it ran rollouts
+    assert state["errors"] == 0, state["last_error"]

@@ -50,7 +50,7 @@ async def _load(url, n):
 def test_rollouts_on_a_serving_worker_while_it_serves_http(serving_cluster):
     client = serving_cluster
     url = _serving_url(client)
-    p = small_pipeline("guess", groups=4, group_size=4, steps=2, rollout_kwargs={"role": "serving"})
+    p = small_pipeline("guess", groups=4, group_size=4, steps=2)  # the only rollout worker: the serving one
 
     async def both():
         loop = asyncio.get_running_loop()

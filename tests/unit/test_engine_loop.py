@@ -63,6 +63,17 @@ def test_weight_versions_stamp_tokens(loop_and_tok):
     assert g.weight_versions == [7, 7]
 
 
+def test_weight_load_waits_for_requests_in_flight_and_later_requests_wait_for_it(loop_and_tok):
+    loop, _ = loop_and_tok
+    before = loop.generate([1], SamplingSpec(max_tokens=30))
+    load = loop.load_weights({}, 9)
+    after = loop.generate([1], SamplingSpec(max_tokens=3))
+    g0, g1 = before.result(timeout=5), after.result(timeout=5)
+    assert load.result(timeout=5) == 9
+    assert set(g0.weight_versions) == {0} and len(g0.token_ids) == 30  # one version throughout
+    assert set(g1.weight_versions) == {9}
+
+
 def test_agent_loop_masks_environment_tokens(loop_and_tok):
     loop, tok = loop_and_tok
     spec = RolloutSpec(step=3, group_id=1, sample_id=2, env="scripted", env_seed=5)

@@ -132,7 +132,15 @@ class EngineLoop:
                 if self._closed:
                     break
                 commands, self._commands = self._commands, []
-            for kind, payload, fut in commands:
+            for i, (kind, payload, fut) in enumerate(commands):
+                if kind == "load" and self._pending:
+                    # A weight swap waits for the requests in flight to finish (their tokens keep one
+                    # version), and requests that came after it wait for the swap: put it and the rest back.
+                    logger.info("weight load to version %s waits for %d requests in flight: %s", payload[1],
+                                len(self._pending), sorted(self._pending)[:4])
+                    with self._cv:
+                        self._commands[:0] = commands[i:]
+                    break
                 self._apply(kind, payload, fut)
             if self._pending:
                 self._step()
