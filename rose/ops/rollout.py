@@ -194,21 +194,22 @@ async def resume_rollout(cont: Continuation, key: str) -> pa.RecordBatch | Conti
     return await _run_group(cont.specs, cont.states, key, cont.attempt)
 
 
-def finish_rollout(result, key: str, annotations: dict) -> pa.RecordBatch:
-    """Task (cheap, anywhere): the group's trajectories. A Continuation is resubmitted as a new rollout
-    task (same annotations, so the placement plugin parks and places it; affinity to the worker that
-    shed it) until the group is done. Keys are deterministic, so a retried finish reuses the resume task.
-    """
+async def finish_rollout(result, key: str, annotations: dict) -> pa.RecordBatch:
+    """Task (cheap; it runs where the rollout's result is): the group's trajectories. A Continuation is
+    resubmitted as a new rollout task (same annotations, so the placement plugin parks and places it;
+    affinity to the worker that shed it) until the group is done. Keys are deterministic, so a retried
+    finish reuses the resume task. A coroutine: the common case (no shedding) returns on the worker's
+    event loop without a thread handoff."""
     if not isinstance(result, Continuation):
         return result
     import dask
-    from distributed import worker_client
+    from distributed import get_client
 
-    with worker_client() as client:
-        while isinstance(result, Continuation):
-            k = f"{key}-resume{result.attempt}"
-            with dask.annotate(**{**annotations, "rose-width": max(1, result.width), "rose-affinity": result.worker}):
-                fut = client.submit(resume_rollout, result, k, key=k, pure=False, retries=2)
-            result = fut.result()
-            fut.release()
+    client = get_client()
+    while isinstance(result, Continuation):
+        k = f"{key}-resume{result.attempt}"
+        with dask.annotate(**{**annotations, "rose-width": max(1, result.width), "rose-affinity": result.worker}):
+            fut = client.submit(resume_rollout, result, k, key=k, pure=False, retries=2)
+        result = await fut
+        fut.release()
     return result
