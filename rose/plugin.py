@@ -30,15 +30,15 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from tornado.ioloop import PeriodicCallback
 
 from rose.runtime.placement import POLICIES, InFlight, RolloutTask, WorkerSlot, place, plan_shed
+from rose.worker import PLACEMENT_TOPIC as TOPIC  # Worker.log_event topic of capacity reports
+from rose.worker import ROLES as KNOWN_ROLES
+from rose.worker import ROLLOUT_ROLES
 
 logger = logging.getLogger("rose.plugin")
 
 PLUGIN_NAME = "rose"
 PARK = "rose://parked"  # a worker address that never exists: restricted tasks wait in no-worker
-TOPIC = "rose-capacity"  # Worker.log_event topic of capacity reports
 ROLLOUT_KEY_PREFIX = "rose-rollout-"
-KNOWN_ROLES = ("trainer", "dedicated", "serving")
-ROLLOUT_ROLES = ("dedicated", "serving")
 TICK_S = 0.25  # shed checks, history samples
 
 

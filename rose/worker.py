@@ -23,7 +23,7 @@ from rose.errors import ConfigError
 logger = logging.getLogger("rose.worker")
 
 PLUGIN_NAME = "rose"
-PLACEMENT_TOPIC = "rose-capacity"  # rose.plugin.TOPIC
+PLACEMENT_TOPIC = "rose-capacity"  # Worker.log_event topic of the capacity reports rose.plugin reads
 ROLES = ("trainer", "dedicated", "serving")
 ROLLOUT_ROLES = ("dedicated", "serving")
 DEFAULT_SITE = "default"
