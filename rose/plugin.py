@@ -72,6 +72,7 @@ class RoseScheduler(SchedulerPlugin):
         self.refused: dict[str, str] = {}  # address -> why it takes no rollouts
         self.tasks: dict[str, RolloutTask] = {}  # managed rollout tasks by key
         self.inflight: dict[str, dict[str, InFlight]] = collections.defaultdict(dict)  # address -> key -> task
+        self.where: dict[str, str] = {}  # key of a running rollout task -> its worker
         self.shedding: dict[str, set[str]] = collections.defaultdict(set)  # address -> keys asked to shed
         self.over_since: dict[str, float] = {}  # address -> when it went over its slots
         self.counts = collections.Counter()  # dispatched, shed, completed, ... per worker: "dispatched@addr"
@@ -130,17 +131,17 @@ class RoseScheduler(SchedulerPlugin):
         if key not in self.tasks:
             return
         if start == "processing":  # finished, erred, or its worker left
-            for addr, tasks in self.inflight.items():
-                if tasks.pop(key, None) is not None:
-                    if key in self.shedding[addr]:
-                        self.shedding[addr].discard(key)
-                        self.counts[f"shed-returned@{addr}"] += 1
-                    self.counts[f"{finish}@{addr}"] += 1
+            addr = self.where.pop(key, None)
+            if addr is not None and self.inflight.get(addr, {}).pop(key, None) is not None:
+                if key in self.shedding[addr]:
+                    self.shedding[addr].discard(key)
+                    self.counts[f"shed-returned@{addr}"] += 1
+                self.counts[f"{finish}@{addr}"] += 1
             self._kick()
         if finish == "processing":
-            ts = self.scheduler.tasks[key]
-            t = self.tasks[key]
-            self.inflight[ts.processing_on.address][key] = InFlight(key, t.width, time.monotonic())
+            addr = self.scheduler.tasks[key].processing_on.address
+            self.where[key] = addr
+            self.inflight[addr][key] = InFlight(key, self.tasks[key].width, time.monotonic())
         elif finish in ("waiting", "released", "no-worker"):
             ts = self.scheduler.tasks.get(key)
             if ts is not None:  # retried or its worker died: wait for the policy again
