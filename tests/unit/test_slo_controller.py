@@ -150,3 +150,25 @@ def test_measured_iteration_overhead_is_kept_out_of_the_rollout_budget():
     assert ctl.overhead_ms == pytest.approx(6.0, abs=0.1)
     assert before - after == pytest.approx(ctl.overhead_ms + 2 * ctl.overhead_dev_ms)
     assert after < before - 5.9
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 2000), st.integers(0, 2000), st.integers(0, 128))
+def test_rollout_capacity_fits_the_budget_shrinks_with_load_and_respects_caps(load_a, load_b, max_seqs):
+    ctl = SloController(SloConfig(ttft_ms=1000, tpot_ms=100), RolloutCaps(max_seqs=max_seqs),
+                        serving_model=LatencyModel(5.0, 0.05), rollout_model=LatencyModel(4.0, 0.5))
+    lo, hi = sorted((load_a, load_b))
+    n_lo, n_hi = ctl.rollout_capacity(lo), ctl.rollout_capacity(hi)
+    assert 0 <= n_hi <= n_lo <= max_seqs  # more serving load, no more rollout slots
+    budget = 100 * (1 - ctl.slo.margin) - ctl.serving_model.predict(lo)
+    if n_lo > 0:
+        assert ctl.rollout_model.predict(n_lo) <= budget  # what is offered fits the TPOT budget
+    if n_lo < max_seqs:
+        assert ctl.rollout_model.predict(n_lo + 1) > budget  # and no more would
+
+
+def test_rollout_capacity_is_zero_when_serving_alone_uses_the_budget():
+    ctl = SloController(SloConfig(ttft_ms=1000, tpot_ms=20), RolloutCaps(max_seqs=64),
+                        serving_model=LatencyModel(5.0, 1.0), rollout_model=LatencyModel(4.0, 0.5))
+    assert ctl.rollout_capacity(0) > 0
+    assert ctl.rollout_capacity(30) == 0  # 35 ms of serving step against a 17 ms budget
