@@ -30,6 +30,20 @@ def start(args: list[str], log) -> subprocess.Popen:
                             cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
+def stop(client, procs, logs) -> None:
+    if client is not None:
+        client.close()
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+    for f in logs:
+        f.close()
+
+
 def wait_workers(client: Client, n: int, timeout: float = 120) -> None:
     t0 = time.monotonic()
     while len(client.scheduler_info(n_workers=-1)["workers"]) < n:
@@ -54,17 +68,7 @@ def by_hand(tmp_path_factory):
         client.dashboard_port = dash
         yield client, addr, procs, logs
     finally:
-        if client is not None:
-            client.close()
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        for f in logs.values():
-            f.close()
+        stop(client, procs, logs.values())
 
 
 def log_text(f) -> str:
@@ -150,3 +154,28 @@ def test_dashboard_has_a_rose_page(by_hand):
     with pytest.raises(urllib.error.HTTPError, match="404"):  # ...and not for just any path
         urllib.request.urlopen(f"{base}/rose-nothing", timeout=30)
     assert "Traceback" not in log_text(logs["scheduler"])
+
+
+def test_a_scheduler_without_the_plugin_still_runs_a_step_with_one_warning(tmp_path, caplog):
+    import logging
+
+    port = free_port()
+    addr = f"tcp://127.0.0.1:{port}"
+    logs = [open(tmp_path / f"{n}.log", "w+") for n in ("scheduler", "trainer", "dedicated")]
+    procs = [start(["scheduler", "--host", "127.0.0.1", "--port", str(port), "--dashboard-address", ":0"], logs[0])]
+    client = None
+    try:
+        client = Client(addr, timeout=60)
+        procs.append(start(["worker", addr, "--nthreads", "2", "--preload", "rose.worker", "--rose-role", "trainer",
+                            "--rose-cores", "1"], logs[1]))
+        procs.append(start(["worker", addr, "--nthreads", "64", "--preload", "rose.worker", "--rose-role",
+                            "dedicated", "--rose-cores", "0"], logs[2]))
+        wait_workers(client, 2)
+        with caplog.at_level(logging.WARNING, logger="rose.run"):
+            report = rose.run(small_pipeline("guess", groups=2, group_size=4), cluster=client, steps=1,
+                              progress=False)
+        assert report.trajectories.num_rows == 8 and report.lost == 0 and report.duplicated == 0
+        warnings = [r for r in caplog.records if "without the ROSE placement plugin" in r.getMessage()]
+        assert len(warnings) == 1
+    finally:
+        stop(client, procs, logs)
