@@ -109,6 +109,7 @@ class LocalRoseCluster(SpecCluster):
         }}
         self._dedicated_argv = slots
         self._elastic_n = 0
+        self._elastic_warned = False  # the scaler says once that the scheduler gives no demand
         super().__init__(workers=workers, scheduler=scheduler, silence_logs=logging.WARNING, name="rose", **kwargs)
         if config.policy == "elastic":
             # The elastic baseline's scaler: asks the placement plugin what waits, decides (pure), and
@@ -134,8 +135,11 @@ class LocalRoseCluster(SpecCluster):
         try:
             demand = await self.scheduler_comm.rose_elastic_demand()
         except Exception as e:  # the scheduler is going away, or runs without rose.plugin
-            logger.warning("elastic scaler: no demand from the scheduler: %s", e)
+            if not self._elastic_warned:
+                logger.warning("elastic scaler: no demand from the scheduler: %s", e)
+                self._elastic_warned = True
             return
+        self._elastic_warned = False
         up = {w.get("name") for w in self.scheduler_info.get("workers", {}).values()}
         elastic = [n for n in self.worker_spec if str(n).startswith(ELASTIC_PREFIX)]
         held = sum(n in up for n in elastic)
