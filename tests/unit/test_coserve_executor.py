@@ -49,6 +49,20 @@ def test_weights_never_change_under_rollouts_in_flight_and_serving_is_never_a_ta
         ex.close()
 
 
+def test_a_weight_load_waits_for_rollouts_in_flight_and_later_rollouts_wait_for_it():
+    ex = CoServingExecutor(FakeEngine(), FakeEngine(), SloController(SloConfig(ttft_ms=1000, tpot_ms=1000)))
+    try:
+        before = ex.generate([1], SamplingSpec(max_tokens=30))
+        load = ex.load_weights({}, 5)
+        after = ex.generate([1], SamplingSpec(max_tokens=3))
+        g0, g1 = before.result(timeout=10), after.result(timeout=10)
+        assert load.result(timeout=10) == 5
+        assert set(g0.weight_versions) == {0} and len(g0.token_ids) == 30
+        assert set(g1.weight_versions) == {5}
+    finally:
+        ex.close()
+
+
 def test_a_bad_serving_request_fails_alone():
     ex = CoServingExecutor(FakeEngine(max_model_len=8), FakeEngine(), SloController(SloConfig(ttft_ms=1000,
                                                                                                tpot_ms=1000)))

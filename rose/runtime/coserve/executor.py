@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 import queue
-import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
@@ -26,6 +24,7 @@ from rose.errors import EngineError
 from rose.runtime.coserve.slo import RolloutSeq, RolloutView, ServingView, SloController
 from rose.runtime.engine.base import Engine, SamplingSpec
 from rose.runtime.engine.loop import Generation
+from rose.runtime.engine.thread import CommandThread, build
 
 logger = logging.getLogger("rose.coserve")
 
@@ -78,19 +77,15 @@ class ServingRequest:
             self.deltas.put((token_ids, finished, reason))
 
 
-class CoServingExecutor:
+class CoServingExecutor(CommandThread):
     def __init__(self, serving: Engine | Callable[[], Engine], rollout: Engine | Callable[[], Engine] | None,
                  controller: SloController, cores: tuple[int, ...] | None = None, name: str = "rose-coserve"):
         """Engines (or functions that build them, run on the executor's thread). `rollout` may come
         later, through `attach_rollout`, once a run says which model it trains."""
         self.controller = controller
-        self.cores = cores
         self._factories = (serving, rollout)
         self.serving: Engine | None = None
         self.rollout: Engine | None = None
-        self._cv = threading.Condition()
-        self._commands: list = []
-        self._closed = False
         self._ids = itertools.count()
         self._serving_reqs: dict[str, ServingRequest] = {}  # loop thread only
         self._waiting: list[_Rollout] = []  # not in the engine: new or preempted, in order
@@ -104,13 +99,7 @@ class CoServingExecutor:
         # Serving tokens a step batched, as a peak that decays by half in ~35 iterations: the load
         # the rollout capacity offered to the scheduler must leave room for.
         self._serving_peak = 0.0
-        self._ready = threading.Event()
-        self._start_error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-        self._ready.wait()
-        if self._start_error is not None:
-            raise self._start_error
+        self._start(name, cores)
 
     # ---------------------------------------------------------------- any thread
     def generate(self, prompt_token_ids: list[int], spec: SamplingSpec, request_id: str | None = None,
@@ -153,7 +142,8 @@ class CoServingExecutor:
         return self.controller.rollout_capacity(int(self._serving_peak + 0.999))
 
     def load_weights(self, named_tensors: dict, version: int) -> Future:
-        """Swap the rollout engine's weights between iterations (never the serving engine's)."""
+        """Swap the rollout engine's weights (never the serving engine's) between iterations, once no
+        rollout request is in flight; rollout requests queued after the swap wait for it."""
         fut: Future = Future()
         self._command("load", (named_tensors, version, fut))
         return fut
@@ -162,61 +152,35 @@ class CoServingExecutor:
     def weight_version(self) -> int:
         return self.rollout.weight_version if self.rollout is not None else -1
 
-    def close(self, timeout: float = 10.0) -> None:
-        with self._cv:
-            self._closed = True
-            self._cv.notify()
-        self._thread.join(timeout)
-
-    def _command(self, kind, payload) -> None:
-        with self._cv:
-            if self._closed:
-                raise EngineError("co-serving executor is closed")
-            self._commands.append((kind, payload))
-            self._cv.notify()
-
     # ---------------------------------------------------------------- loop thread
-    def _run(self) -> None:
-        if self.cores:
-            try:
-                os.sched_setaffinity(threading.get_native_id(), set(self.cores))
-            except (AttributeError, OSError) as e:
-                logger.warning("cannot bind the co-serving executor to cores %s: %s", self.cores, e)
-        try:
-            s, r = self._factories
-            self.serving = _build(s)
-            self.rollout = _build(r)
-        except BaseException as e:
-            self._start_error = e
-            return
-        finally:
-            self._ready.set()
-        while True:
-            with self._cv:
-                while not (self._commands or self._serving_reqs or self._waiting or self._running or self._closed):
-                    self._cv.wait()
-                if self._closed:
-                    break
-                commands, self._commands = self._commands, []
-            for kind, payload in commands:
-                self._apply_command(kind, payload)
-            self._iterate()
+    def _build(self) -> None:
+        s, r = self._factories
+        self.serving = build(s)
+        self.rollout = build(r)
+
+    def _has_work(self) -> bool:
+        return bool(self._serving_reqs or self._waiting or self._running)
+
+    def _work(self) -> None:
+        self._iterate()
+
+    def _closing(self) -> None:
         for r in list(self._running.values()) + self._waiting:
             r.future.set_exception(EngineError("co-serving executor closed with the request unfinished"))
 
-    def _apply_command(self, kind, payload) -> None:
+    def _apply(self, kind, payload) -> bool:
         if kind == "rollout":
             if self.rollout is None:
                 payload.future.set_exception(EngineError("this serving worker has no rollout engine yet "
                                                          "(no run has prepared it)"))
-                return
+                return True
             self._waiting.append(payload)
         elif kind == "attach":
             factory, fut = payload
             try:
                 if self.rollout is not None:
                     raise EngineError("the co-serving executor already has a rollout engine")
-                self.rollout = _build(factory)
+                self.rollout = build(factory)
                 fut.set_result(True)
             except Exception as e:
                 fut.set_exception(e)
@@ -226,21 +190,21 @@ class CoServingExecutor:
                 self.serving.add_request(req.request_id, prompt, spec)
             except Exception as e:  # a bad request fails alone; the executor goes on
                 req.emit([], True, f"error: {e}")
-                return
+                return True
             self._serving_reqs[req.request_id] = req
         elif kind == "abort":
             if self._serving_reqs.pop(payload, None) is not None:
                 self.serving.abort([payload])
         elif kind == "load":
             named, version, fut = payload
+            if self._running or self._waiting:  # as in the engine loop: the swap waits, later requests wait
+                return False
             try:
-                if self._running or self._waiting:
-                    raise EngineError("rollout weights cannot change with rollout requests in flight: a "
-                                      "trajectory would mix versions", version=version)
                 self.rollout.load_weights(named, version)
                 fut.set_result(version)
             except Exception as e:
                 fut.set_exception(e)
+        return True
 
     def _views(self, now: float) -> tuple[ServingView, RolloutView]:
         waiting = [q for q in self._serving_reqs.values() if q.t_first is None]
@@ -358,9 +322,3 @@ class CoServingExecutor:
         r.gen.finish_reason = reason
         r.gen.total_s = time.perf_counter() - r.t_submit
         r.future.set_result(r.gen)
-
-
-def _build(engine):
-    if engine is None or hasattr(engine, "step"):
-        return engine
-    return engine()

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
-import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -19,6 +17,7 @@ from typing import Callable
 
 from rose.errors import EngineError
 from rose.runtime.engine.base import Engine, SamplingSpec
+from rose.runtime.engine.thread import CommandThread, build
 
 logger = logging.getLogger("rose.engine")
 
@@ -50,7 +49,7 @@ class _Pending:
     t_submit: float
 
 
-class EngineLoop:
+class EngineLoop(CommandThread):
     """Steps `engine` on a daemon thread. Thread-safe: call from any thread."""
 
     def __init__(self, engine: Engine | Callable[[], Engine], name: str = "rose-engine-loop",
@@ -58,97 +57,58 @@ class EngineLoop:
         """`engine` is an Engine, or a function that builds one: then it is built on the loop thread,
         so that the engine's per-thread settings (vLLM's CPU thread binding, OpenMP thread count)
         apply to the thread that runs its kernels."""
-        self.engine: Engine | None = None if callable(engine) and not hasattr(engine, "step") else engine
-        self._factory = engine if self.engine is None else None
-        self.cores = cores  # bind the loop thread (the one that runs the engine's kernels) to these
-        self._cv = threading.Condition()
-        self._commands: list = []  # (kind, payload, future), drained by the loop thread
+        self._engine_or_factory = engine
+        self.engine: Engine | None = None
         self._pending: dict[str, _Pending] = {}  # owned by the loop thread
         self._ids = itertools.count()
-        self._closed = False
         # Counters read by reports and benchmarks (written by the loop thread only).
         self.iterations = 0
         self.generated_tokens = 0
         self.busy_s = 0.0  # seconds spent inside engine.step()
-        self._ready = threading.Event()
-        self._start_error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-        self._ready.wait()
-        if self._start_error is not None:
-            raise self._start_error
+        self._start(name, cores)
 
     # ---------------------------------------------------------------- public API (any thread)
     def generate(self, prompt_token_ids: list[int], spec: SamplingSpec, request_id: str | None = None,
                  priority: int = 0) -> Future:
         """Queue one request; the future resolves to a `Generation` (or raises, e.g. prompt too long)."""
         rid = f"{request_id or 'req'}#{next(self._ids)}"  # unique even when a caller retries an id
-        return self._command("add", (rid, list(prompt_token_ids), spec, priority))
+        return self._submit("add", (rid, list(prompt_token_ids), spec, priority))
 
     def load_weights(self, named_tensors: dict, version: int) -> Future:
-        """Swap all weights between two iterations; resolves once the engine holds `version`."""
-        return self._command("load", (named_tensors, version))
+        """Swap all weights between two iterations, once the requests in flight have finished (their
+        tokens keep one version; requests queued after the swap wait for it); resolves once the
+        engine holds `version`."""
+        return self._submit("load", (named_tensors, version))
 
     @property
     def weight_version(self) -> int:
         return self.engine.weight_version
 
-    def close(self, timeout: float = 10.0) -> None:
-        with self._cv:
-            self._closed = True
-            self._cv.notify()
-        self._thread.join(timeout)
-
-    # ---------------------------------------------------------------- loop thread
-    def _command(self, kind: str, payload) -> Future:
+    def _submit(self, kind: str, payload) -> Future:
         fut: Future = Future()
-        with self._cv:
-            if self._closed:
-                raise EngineError("engine loop is closed")
-            self._commands.append((kind, payload, fut))
-            self._cv.notify()
+        self._command(kind, (payload, fut))
         return fut
 
-    def _run(self) -> None:
-        if self.cores:
-            # Thread-level binding (Linux): the engine's kernels stay on its cores even where the
-            # process as a whole is not bound (the ROSE worker binds its whole process as well).
-            try:
-                os.sched_setaffinity(threading.get_native_id(), set(self.cores))
-            except (AttributeError, OSError) as e:
-                logger.warning("cannot bind the engine loop to cores %s: %s", self.cores, e)
-        try:
-            if self._factory is not None:
-                self.engine = self._factory()
-        except BaseException as e:  # surfaces in __init__
-            self._start_error = e
-            return
-        finally:
-            self._ready.set()
-        while True:
-            with self._cv:
-                while not self._commands and not self._pending and not self._closed:
-                    self._cv.wait()
-                if self._closed:
-                    break
-                commands, self._commands = self._commands, []
-            for i, (kind, payload, fut) in enumerate(commands):
-                if kind == "load" and self._pending:
-                    # A weight swap waits for the requests in flight to finish (their tokens keep one
-                    # version), and requests that came after it wait for the swap: put it and the rest back.
-                    logger.info("weight load to version %s waits for %d requests in flight: %s", payload[1],
-                                len(self._pending), sorted(self._pending)[:4])
-                    with self._cv:
-                        self._commands[:0] = commands[i:]
-                    break
-                self._apply(kind, payload, fut)
-            if self._pending:
-                self._step()
+    # ---------------------------------------------------------------- loop thread
+    def _build(self) -> None:
+        self.engine = build(self._engine_or_factory)
+
+    def _has_work(self) -> bool:
+        return bool(self._pending)
+
+    def _work(self) -> None:
+        self._step()
+
+    def _closing(self) -> None:
         for p in self._pending.values():
             p.future.set_exception(EngineError("engine loop closed with the request unfinished"))
         self._pending.clear()
 
-    def _apply(self, kind: str, payload, fut: Future) -> None:
+    def _apply(self, kind: str, payload) -> bool:
+        payload, fut = payload
+        if kind == "load" and self._pending:
+            logger.info("weight load to version %s waits for %d requests in flight", payload[1], len(self._pending))
+            return False
         try:
             if kind == "add":
                 rid, prompt, spec, priority = payload
@@ -160,6 +120,7 @@ class EngineLoop:
                 fut.set_result(version)
         except Exception as e:  # the caller's request was bad; the loop keeps serving others
             fut.set_exception(e)
+        return True
 
     def _step(self) -> None:
         t0 = time.perf_counter()

@@ -1,0 +1,102 @@
+"""A daemon thread that owns engines; other threads talk to it through a command queue.
+
+Shared by the engine loop (one rollout engine) and the co-serving executor (a serving and a rollout
+engine). The engines are built on the thread itself, so their per-thread settings (vLLM's CPU thread
+binding, OpenMP thread count) apply to the thread that runs their kernels. The thread then alternates:
+apply the commands that arrived, do one unit of work (an engine iteration), and sleep when there is
+neither. Commands are applied in order, between iterations; one that cannot apply yet (a weight swap
+while requests are in flight) is put back with everything after it.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+from rose.errors import EngineError
+
+logger = logging.getLogger("rose.engine")
+
+
+def build(engine):
+    """An Engine as given, or built by calling the function given (None stays None)."""
+    if engine is None or hasattr(engine, "step"):
+        return engine
+    return engine()
+
+
+class CommandThread:
+    """Subclasses set their state, then call `_start`, and implement `_build`, `_has_work`, `_apply`,
+    `_work` and `_closing`."""
+
+    def _start(self, name: str, cores: tuple[int, ...] | None) -> None:
+        self.cores = cores  # the thread (the one that runs the engines' kernels) is bound to these
+        self._cv = threading.Condition()
+        self._commands: list = []  # (kind, payload), drained by the thread
+        self._closed = False
+        self._ready = threading.Event()
+        self._start_error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+        self._ready.wait()
+        if self._start_error is not None:
+            raise self._start_error
+
+    def close(self, timeout: float = 10.0) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+        self._thread.join(timeout)
+
+    def _command(self, kind: str, payload) -> None:
+        with self._cv:
+            if self._closed:
+                raise EngineError(f"{self._thread.name} is closed")
+            self._commands.append((kind, payload))
+            self._cv.notify()
+
+    # ---------------------------------------------------------------- the thread
+    def _build(self) -> None:
+        """Build the engines (on this thread)."""
+
+    def _has_work(self) -> bool:
+        raise NotImplementedError
+
+    def _apply(self, kind: str, payload) -> bool | None:
+        """Apply one command; return False if it must wait for the work in flight to finish."""
+        raise NotImplementedError
+
+    def _work(self) -> None:
+        raise NotImplementedError
+
+    def _closing(self) -> None:
+        """Fail what is unfinished."""
+
+    def _run(self) -> None:
+        if self.cores:
+            try:  # thread-level binding (Linux), even where the process as a whole is not bound
+                os.sched_setaffinity(threading.get_native_id(), set(self.cores))
+            except (AttributeError, OSError) as e:
+                logger.warning("cannot bind %s to cores %s: %s", self._thread.name, self.cores, e)
+        try:
+            self._build()
+        except BaseException as e:  # surfaces in _start
+            self._start_error = e
+            return
+        finally:
+            self._ready.set()
+        while True:
+            with self._cv:
+                while not (self._commands or self._has_work() or self._closed):
+                    self._cv.wait()
+                if self._closed:
+                    break
+                commands, self._commands = self._commands, []
+            for i, (kind, payload) in enumerate(commands):
+                if self._apply(kind, payload) is False:
+                    with self._cv:
+                        self._commands[:0] = commands[i:]
+                    break
+            if self._has_work():
+                self._work()
+        self._closing()
