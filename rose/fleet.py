@@ -38,6 +38,7 @@ class Fleet:
         self.joining: dict[str, object] = {}  # address -> Future of its catch-up
         self.catching_up: set[str] = set()  # joining workers that only miss weights (no engine to build)
         self.failed: dict[str, str] = {}  # address -> why it could not join
+        self.roles: dict[str, list[str]] = {}  # worker addresses by role, as of the last poll
         self._n = 0
 
     @property
@@ -48,7 +49,8 @@ class Fleet:
         """Notice arrivals and departures; start or finish joins. Cheap: one scheduler call."""
         from rose.ops.train import catch_up
 
-        current = {a for r in ROLLOUT_ROLES for a in roles_of(self.client).get(r, [])}
+        self.roles = roles_of(self.client)
+        current = {a for r in ROLLOUT_ROLES for a in self.roles.get(r, [])}
         for a in [a for a in self.synced if a not in current]:
             logger.warning("rollout worker %s left the run", a)
             del self.synced[a]

@@ -192,7 +192,7 @@ class RoseScheduler(SchedulerPlugin):
                 old.get("weight_version") != report.get("weight_version"):
             self._kick()
         if old is not None and report.get("slots", 0) < old.get("slots", 0):  # a drop: shed now if due
-            w = next((w for w in self.view() if w.address == addr), None)
+            w = self.slot(addr)
             if w is not None:
                 self._check_shed(w, time.monotonic())
 
@@ -202,16 +202,17 @@ class RoseScheduler(SchedulerPlugin):
             self._kick_pending = True
             self.scheduler.loop.add_callback(self._dispatch)
 
+    def slot(self, addr: str) -> WorkerSlot | None:
+        """One running rollout worker as the policy sees it (None for others)."""
+        s, r = self.scheduler, self.workers.get(addr)
+        ws = s.workers.get(addr)
+        if r is None or ws is None or ws not in s.running or r.get("role") not in ROLLOUT_ROLES:
+            return None
+        used = sum(t.width for t in self.inflight.get(addr, {}).values())
+        return WorkerSlot(addr, r["role"], int(r.get("slots", 0)), used, int(r.get("weight_version", -1)))
+
     def view(self) -> list[WorkerSlot]:
-        s = self.scheduler
-        out = []
-        for addr, r in self.workers.items():
-            ws = s.workers.get(addr)
-            if ws is None or ws not in s.running or r.get("role") not in ROLLOUT_ROLES:
-                continue
-            used = sum(t.width for t in self.inflight.get(addr, {}).values())
-            out.append(WorkerSlot(addr, r["role"], int(r.get("slots", 0)), used, int(r.get("weight_version", -1))))
-        return out
+        return [w for w in map(self.slot, self.workers) if w is not None]
 
     def parked(self) -> list:
         return sorted((ts for ts in self.scheduler.unrunnable if ts.key in self.tasks), key=lambda ts: ts.priority)

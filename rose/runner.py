@@ -171,7 +171,7 @@ def _run_step(pipeline, client, fleet: Fleet, step, version):
     rollout, reward, train, sync = (_one_node(graph, op) for op in ("rollout", "reward", "train", "sync"))
     ids = {s.trajectory_id for s in lowered.outputs[(rollout.inputs["specs"].node, "specs")]}
     # Without the placement plugin, rollouts may go to any rollout worker (Dask decides).
-    roles = roles_of(client)
+    roles = dict(fleet.roles)  # as of the poll that began this step
     roles["rollout"] = sorted(a for r in ROLLOUT_ROLES for a in roles.get(r, []))
     futures = submit(client, lowered.tasks, roles)
     try:
