@@ -6,8 +6,8 @@ The default pipeline (pipelines/guess.py: 16 groups of 8 trajectories a step, GR
 for the same number of steps, same seed, under three placement policies, one after the other in this
 run, each on a fresh LocalRoseCluster (real scheduler with rose.plugin, real worker processes, vLLM).
 This host has two cores. The RL job owns core 0: its trainer and one dedicated rollout worker share
-it (synchronous mode: they take turns, as a colocated trainer and rollout engine do). Core 1 stands
-for capacity outside the job:
+it, as a colocated trainer and rollout engine share a device. Core 1 stands for capacity outside the
+job:
 - fixed: nothing more; core 0 only. The dedicated worker runs all of a step's rollouts at once.
 - elastic: the dedicated worker takes --dedicated-slots sequences at once; what waits makes the
   scaler ask for an on-demand dedicated worker (core 1, up to 1), which starts after
@@ -16,9 +16,14 @@ for capacity outside the job:
 - rose: core 1 is a serving worker serving the Azure conversation trace at --load of its measured
   capacity through its HTTP endpoint, the whole time; the dedicated worker takes --dedicated-slots
   sequences and rollouts overflow to the serving worker as its spare capacity allows.
-Throughput is trajectories per second over steps 1..N-1 (step 0 warms up), timed from the end of
-step 0 to the end of the last step; rollout time is the mean rollout phase of those steps. The
-serving SLO attainment is measured by the load generator (client side) during the rose run.
+Each policy runs synchronously (step k's rollouts, then its training) and/or asynchronously
+(`staleness=1`: step k+1's rollouts during step k's training). Asynchronously, the dedicated worker
+yields core 0 to the trainer while it trains (`--rose-colocated`) under elastic and rose; fixed has
+no other rollout capacity, so its asynchronous run lets the OS share core 0 instead. Speed-ups are
+against the best fixed run. Throughput is trajectories per second over steps 1..N-1 (step 0 warms
+up), timed from the end of step 0 to the end of the last step; rollout time is the mean rollout
+phase of those steps (asynchronously it overlaps the previous step's training). The serving SLO
+attainment is measured by the load generator (client side) during the rose runs.
 
     python benchmarks/elastic_e2e.py [--quick]
 """
@@ -56,13 +61,13 @@ def serving_load(url: str, args, stop: threading.Event, box: dict) -> threading.
     return t
 
 
-def run_policy(name: str, pipeline, cluster_cfg, steps: int, args) -> dict:
+def run_policy(name: str, pipeline, cluster_cfg, steps: int, args, staleness: int) -> dict:
     from distributed import Client
 
     import rose
     from rose.runtime.cluster import LocalRoseCluster
 
-    out = {"policy": name}
+    out = {"policy": name, "staleness": staleness}
     stamps: list[float] = []
     with LocalRoseCluster(cluster_cfg, pipeline.engine) as cluster, Client(cluster) as client:
         stop, box, load = threading.Event(), {}, None
@@ -73,10 +78,11 @@ def run_policy(name: str, pipeline, cluster_cfg, steps: int, args) -> dict:
             while not box.get("ready") and load.is_alive():
                 time.sleep(0.2)
         t0 = time.perf_counter()
-        report = rose.run(replace(pipeline, cluster=cluster_cfg), cluster=client, steps=steps, progress=False,
+        report = rose.run(replace(pipeline, cluster=cluster_cfg, staleness=staleness), cluster=client, steps=steps,
+                          progress=False,
                           on_step=lambda row: (stamps.append(time.perf_counter()), print(
                               f"  step {row['step']}: rollout {row['rollout_s']:.2f} s, train {row['train_s']:.2f} s, "
-                              f"sync {row['sync_s']:.2f} s", file=sys.stderr, flush=True)))
+                              f"sync {row['sync_s']:.2f} s, step {row['step_s']:.2f} s", file=sys.stderr, flush=True)))
         out["run_s"] = time.perf_counter() - t0
         stop.set()
         if load is not None:
@@ -88,7 +94,9 @@ def run_policy(name: str, pipeline, cluster_cfg, steps: int, args) -> dict:
     timed = m[m["step"] >= 1]
     out.update(traj_s=float(timed["trajectories"].sum()) / (stamps[-1] - stamps[0]),
                rollout_s=float(timed["rollout_s"].mean()), train_s=float(timed["train_s"].mean()),
-               sync_s=float(timed["sync_s"].mean()), lost=report.lost, duplicated=report.duplicated,
+               sync_s=float(timed["sync_s"].mean()), step_s=float(timed["step_s"].mean()),
+               trainer_compute_s=float(timed["trainer_compute_s"].mean()), lost=report.lost,
+               duplicated=report.duplicated,
                failed=int(m["failed"].sum()), reward_last=float(m["reward_mean"].iloc[-5:].mean()),
                placement=report.trajectories["placement"].value_counts().to_pylist(),
                workers={a: {k: w[k] for k in ("role", "dispatched", "shed", "elastic")}
@@ -99,7 +107,7 @@ def run_policy(name: str, pipeline, cluster_cfg, steps: int, args) -> dict:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="fewer steps (about 4 minutes)")
+    ap.add_argument("--quick", action="store_true", help="fewer steps and runs (about 5 minutes)")
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--dedicated-slots", type=int, default=64,
                     help="rollout sequences the dedicated worker runs at once under elastic and rose")
@@ -109,6 +117,7 @@ def main():
     ap.add_argument("--tpot-ms", type=float, default=100.0)
     ap.add_argument("--trace", default=os.path.join(ROOT, "benchmarks", "data", "azure_llm_inference_2023_conv.csv"))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--serving-seqs", type=int, default=128, help="rose: rollout sequences the serving worker may hold")
     ap.add_argument("--policies", default="fixed,elastic,rose", help=argparse.SUPPRESS)  # debugging: a subset
     args = ap.parse_args()
     steps = args.steps or (12 if args.quick else 30)
@@ -122,45 +131,58 @@ def main():
     model_dir = prepare_model(pipeline.model, pipeline.env, progress=False)
     base = rose.ClusterConfig(num_dedicated=1, cores=(0, 1), trainer_cores=(0,), serving_ttft_ms=args.ttft_ms,
                               serving_tpot_ms=args.tpot_ms)
-    configs = [
-        ("fixed", replace(base, policy="fixed")),
-        ("elastic", replace(base, policy="elastic", dedicated_slots=args.dedicated_slots,
-                            elastic=ElasticConfig(max_extra=1, worker_slots=args.dedicated_slots,
-                                                  allocation_delay_s=args.allocation_delay, idle_release_s=60.0))),
-        ("rose", replace(base, policy="rose", dedicated_slots=args.dedicated_slots, num_serving=1,
-                         serving_model=model_dir)),
-    ]
+    elastic = ElasticConfig(max_extra=1, worker_slots=args.dedicated_slots, allocation_delay_s=args.allocation_delay,
+                            idle_release_s=60.0)
+    fixed = replace(base, policy="fixed")
+    rose_cfg = replace(base, policy="rose", dedicated_slots=args.dedicated_slots, num_serving=1,
+                       serving_model=model_dir, serving_rollout_seqs=args.serving_seqs)
+    # (label, policy, cluster, staleness). Fixed runs in the modes that could be its best: synchronous,
+    # and asynchronous with its trainer and dedicated worker sharing core 0 (the OS interleaves them).
+    # Asynchronous with the dedicated worker yielding to the trainer is synchronous with extra steps
+    # for fixed (no other rollout capacity), so it is not run.
+    runs = [("fixed sync", "fixed", fixed, 0),
+            ("fixed async", "fixed", replace(fixed, yield_to_trainer=False), 1),
+            ("elastic async", "elastic", replace(base, policy="elastic", dedicated_slots=args.dedicated_slots,
+                                                 elastic=elastic), 1),
+            ("rose sync", "rose", rose_cfg, 0),
+            ("rose async", "rose", rose_cfg, 1)]
+    if args.quick:  # the informative rose sync run is left out
+        runs = [r for r in runs if r[0] != "rose sync"]
     results = {}
-    for name, cfg in configs:
+    for label, name, cfg, staleness in runs:
         if name not in args.policies.split(","):
             continue
-        print(f"running {name} ({steps} steps)...", file=sys.stderr, flush=True)
-        results[name] = run_policy(name, pipeline, cfg, steps, args)
-        print(json.dumps(results[name]), file=sys.stderr, flush=True)
+        print(f"running {label} ({steps} steps)...", file=sys.stderr, flush=True)
+        results[label] = run_policy(name, pipeline, cfg, steps, args, staleness)
+        print(json.dumps(results[label]), file=sys.stderr, flush=True)
 
-    f = results["fixed"]
+    def best(policy: str) -> tuple[str, dict]:
+        return max(((k, r) for k, r in results.items() if r["policy"] == policy), key=lambda kr: kr[1]["traj_s"])
+
+    fk, f = best("fixed")
+    ek, e = best("elastic")
+    rk, ro = best("rose")
     print(f"\nelastic_e2e: pipelines/guess.py, {steps} steps (timed: 1..{steps - 1}), 128 trajectories a step; "
           f"dedicated slots {args.dedicated_slots} (elastic, rose); allocation delay {args.allocation_delay:.0f} s; "
           f"serving load {args.load:.0%} of capacity (Azure conversation trace), SLO TTFT {args.ttft_ms:.0f} ms / "
-          f"TPOT {args.tpot_ms:.0f} ms")
-    print(f"{'policy':<9}{'traj/s':>8}{'speedup':>9}{'rollout s':>10}{'train s':>9}{'sync s':>8}{'SLO':>8}"
-          f"{'lost':>6}{'dup':>5}  rollout placement")
-    for name, r in results.items():
+          f"TPOT {args.tpot_ms:.0f} ms; speed-ups against the best fixed run ({fk})")
+    print(f"{'run':<15}{'traj/s':>8}{'speedup':>9}{'step s':>8}{'rollout s':>10}{'train s':>9}{'compute s':>10}"
+          f"{'sync s':>8}{'SLO':>8}{'reward':>8}{'lost':>6}{'dup':>5}  rollout placement")
+    for label, r in results.items():
         slo = f"{r['slo_attainment']:.4f}" if "slo_attainment" in r else "-"
-        print(f"{name:<9}{r['traj_s']:>8.1f}{r['traj_s'] / f['traj_s']:>9.2f}{r['rollout_s']:>10.3f}"
-              f"{r['train_s']:>9.3f}{r['sync_s']:>8.3f}{slo:>8}{r['lost']:>6}{r['duplicated']:>5}  "
-              f"{r['placement']}")
-    ro = results["rose"]
+        placed = ", ".join(f"{p['counts']} {p['values']}" for p in r["placement"])
+        print(f"{label:<15}{r['traj_s']:>8.1f}{r['traj_s'] / f['traj_s']:>9.2f}{r['step_s']:>8.3f}"
+              f"{r['rollout_s']:>10.3f}{r['train_s']:>9.3f}{r['trainer_compute_s']:>10.3f}{r['sync_s']:>8.3f}"
+              f"{slo:>8}{r['reward_last']:>8.3f}{r['lost']:>6}{r['duplicated']:>5}  {placed}")
     print(json.dumps({
-        "bench": "elastic_e2e", "fixed_traj_s": round(f["traj_s"], 2),
-        "elastic_traj_s": round(results["elastic"]["traj_s"], 2),
+        "bench": "elastic_e2e", "fixed_traj_s": round(f["traj_s"], 2), "elastic_traj_s": round(e["traj_s"], 2),
         "rose_traj_s": round(ro["traj_s"], 2), "speedup_vs_fixed": round(ro["traj_s"] / f["traj_s"], 3),
-        "rollout_time_fixed_s": round(f["rollout_s"], 3),
-        "rollout_time_elastic_s": round(results["elastic"]["rollout_s"], 3),
+        "rollout_time_fixed_s": round(f["rollout_s"], 3), "rollout_time_elastic_s": round(e["rollout_s"], 3),
         "rollout_time_rose_s": round(ro["rollout_s"], 3), "slo_attainment": round(ro["slo_attainment"], 4),
         "lost": sum(r["lost"] for r in results.values()), "duplicated": sum(r["duplicated"] for r in results.values()),
-        "steps": steps}))
-
+        "steps": steps, "fixed_run": fk, "elastic_run": ek, "rose_run": rk,
+        "rose_speedups": {k: round(r["traj_s"] / f["traj_s"], 3) for k, r in results.items() if r["policy"] == "rose"},
+        "min_slo_attainment": round(min(r["slo_attainment"] for r in results.values() if "slo_attainment" in r), 4)}))
 
 if __name__ == "__main__":
     main()

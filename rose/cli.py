@@ -34,8 +34,11 @@ def _fmt(v) -> str:
               help="write metrics.csv, trajectories.parquet, summary.json and reward.png here "
                    "(default: runs/NAME)")
 @click.option("--scheduler", default=None, help="address of a running Dask scheduler (default: a local cluster)")
+@click.option("--staleness", type=click.IntRange(0, 1), default=None,
+              help="0: synchronous steps; 1: the next step's rollouts run during this step's training "
+                   "(default: the pipeline's)")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON summary line last")
-def run_cmd(pipeline, steps, seed, out, scheduler, as_json):
+def run_cmd(pipeline, steps, seed, out, scheduler, staleness, as_json):
     """Run a pipeline's RL steps and report per-step metrics."""
     import rose
     from rose.errors import RoseError
@@ -43,7 +46,7 @@ def run_cmd(pipeline, steps, seed, out, scheduler, as_json):
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("distributed").setLevel(logging.WARNING)
     cols = ["step", "reward_mean", "reward_std", "trajectories", "failed", "tokens", "rollout_s", "train_s",
-            "sync_s", "logprob_mismatch"]
+            "sync_s", "step_s", "logprob_mismatch"]
     widths = [max(len(c), 8) for c in cols]
     from tqdm.auto import tqdm
 
@@ -56,7 +59,7 @@ def run_cmd(pipeline, steps, seed, out, scheduler, as_json):
 
     try:
         p = rose.load_pipeline(pipeline)
-        report = rose.run(p, cluster=scheduler, steps=steps, seed=seed, on_step=on_step)
+        report = rose.run(p, cluster=scheduler, steps=steps, seed=seed, on_step=on_step, staleness=staleness)
     except RunError as e:
         if e.report is not None and len(e.report.metrics):
             paths = e.report.save(out or os.path.join("runs", p.name))

@@ -109,12 +109,16 @@ class ClusterConfig:
     serving_model: str | None = None  # the model serving workers serve (a Hugging Face directory)
     serving_ttft_ms: float = 1000.0  # their SLOs
     serving_tpot_ms: float = 100.0
+    serving_rollout_seqs: int = 64  # at most this many rollout sequences on a serving worker (its memory budget)
     policy: str = "rose"  # rollout placement (rose.plugin): rose | fixed | elastic
     # Rollout sequences a dedicated worker runs at once (its --rose-slots); None: the engine's max_num_seqs.
     # Below the step's sequences, the rest overflow to serving (rose) or on-demand (elastic) workers.
     dedicated_slots: int | None = None
     elastic: ElasticConfig = ElasticConfig()  # policy "elastic": on-demand dedicated workers
     shed_after_s: float = 0.5  # a worker over its slots this long is asked to shed rollouts (s)
+    # A dedicated worker bound to a trainer core takes no rollouts while a train step runs (it starts
+    # `--rose-colocated`); only asynchronous runs overlap the two. False: they share the core.
+    yield_to_trainer: bool = True
 
     def __post_init__(self):
         c = "ClusterConfig"
@@ -124,6 +128,7 @@ class ClusterConfig:
                      self.dedicated_slots, ">= 1 or None")
         _positive(c, "num_dedicated", self.num_dedicated, allow_zero=True)
         _positive(c, "num_serving", self.num_serving, allow_zero=True)
+        _positive(c, "serving_rollout_seqs", self.serving_rollout_seqs)
         config_check(self.num_dedicated + self.num_serving > 0, c, "num_dedicated", self.num_dedicated,
                      ">= 1, or serving workers (num_serving) to run rollouts")
         config_check(self.num_serving == 0 or bool(self.serving_model), c, "serving_model", self.serving_model,

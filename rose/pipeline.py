@@ -30,10 +30,15 @@ class Pipeline:
     model: ModelConfig = field(default_factory=ModelConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    # Weight versions a step's rollouts may lag the trainer: 0 synchronous; 1 asynchronous (step k+1's
+    # rollouts run during step k's training, on the weights from before it). See rose.runner.
+    staleness: int = 0
 
     def __post_init__(self):
         config_check(callable(self.build), "Pipeline", "build", self.build, "a function step -> Graph")
         config_check(isinstance(self.steps, int) and self.steps >= 1, "Pipeline", "steps", self.steps, ">= 1")
+        config_check(self.staleness in (0, 1) and isinstance(self.staleness, int), "Pipeline", "staleness",
+                     self.staleness, "0 (synchronous) or 1 (rollouts overlap the previous step's training)")
         from rose.ops.envs import env_class
 
         env_class(self.env)  # unknown environments fail here, with the list of known ones

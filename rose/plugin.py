@@ -12,6 +12,8 @@ Places rollout tasks by *park and dispatch* (DESIGN.md section 6):
 - A worker whose slots stay below the sequences it runs, for `--rose-shed-after` seconds, is asked to
   shed the newest tasks (`plan_shed`); each returns a continuation at its next turn boundary, which the
   graph resubmits and this plugin places elsewhere.
+- A dedicated worker started `--rose-colocated` shares its device with the trainer: while a train task
+  (annotation `rose-trains`) is processing, it has no slots, and what it still runs is shed at once.
 Dask worker resources are not used for capacity: the scheduler hands out all queued tasks at once and
 `set_resources` does not wake a worker's queue.
 
@@ -82,6 +84,8 @@ class RoseScheduler(SchedulerPlugin):
         self.last_error: str | None = None
         self.waiting_warning: str | None = None
         self.last_busy = time.monotonic()  # last time a rollout waited or ran (for the elastic scaler)
+        self.train_keys: set[str] = set()  # tasks annotated rose-trains, until forgotten
+        self.training: set[str] = set()  # those of them processing now (colocated workers yield)
         self._kick_pending = False
         self._pc: PeriodicCallback | None = None
 
@@ -109,6 +113,7 @@ class RoseScheduler(SchedulerPlugin):
         versions = annotations.get("weight_version", {})
         groups = annotations.get("rose-group", {})
         affinity = annotations.get("rose-affinity", {})
+        self.train_keys.update(k for k, v in annotations.get("rose-trains", {}).items() if v)
         parked = 0
         for key in tasks:
             if not (roles.get(key) == "rollout" or (isinstance(key, str) and key.startswith(ROLLOUT_KEY_PREFIX))):
@@ -128,6 +133,9 @@ class RoseScheduler(SchedulerPlugin):
     # ---------------------------------------------------------------- task state
     @_guarded
     def transition(self, key, start, finish, *args, stimulus_id=None, **kwargs):
+        if key in self.train_keys:
+            self._train_transition(key, start, finish)
+            return
         if key not in self.tasks:
             return
         if start == "processing":  # finished, erred, or its worker left
@@ -149,6 +157,21 @@ class RoseScheduler(SchedulerPlugin):
                 ts.loose_restrictions = False
         elif finish == "forgotten":
             self.tasks.pop(key, None)
+
+    def _train_transition(self, key: str, start: str, finish: str) -> None:
+        if finish == "processing":
+            self.training.add(key)
+            self._event("training", "", f"{key}: colocated rollout workers yield")
+            now = time.monotonic()
+            for addr, r in self.workers.items():  # give the device back to the trainer now
+                w = self.slot(addr) if r.get("colocated") else None
+                if w is not None:
+                    self._check_shed(w, now, force=True)
+        elif start == "processing":
+            self.training.discard(key)
+            self._kick()
+        if finish == "forgotten":
+            self.train_keys.discard(key)
 
     # ---------------------------------------------------------------- workers
     @_guarded
@@ -209,7 +232,8 @@ class RoseScheduler(SchedulerPlugin):
         if r is None or ws is None or ws not in s.running or r.get("role") not in ROLLOUT_ROLES:
             return None
         used = sum(t.width for t in self.inflight.get(addr, {}).values())
-        return WorkerSlot(addr, r["role"], int(r.get("slots", 0)), used, int(r.get("weight_version", -1)))
+        slots = 0 if self.training and r.get("colocated") else int(r.get("slots", 0))
+        return WorkerSlot(addr, r["role"], slots, used, int(r.get("weight_version", -1)))
 
     def view(self) -> list[WorkerSlot]:
         return [w for w in map(self.slot, self.workers) if w is not None]
@@ -260,13 +284,14 @@ class RoseScheduler(SchedulerPlugin):
                                  report.get("slo_requests")))
             self._check_shed(w, now)
 
-    def _check_shed(self, w: WorkerSlot, now: float) -> None:
-        """Ask a worker that has stayed over its slots for `shed_after_s` to give the newest tasks back."""
+    def _check_shed(self, w: WorkerSlot, now: float, force: bool = False) -> None:
+        """Ask a worker that has stayed over its slots for `shed_after_s` (or at once, `force`) to give the
+        newest tasks back."""
         if w.used <= w.slots:
             self.over_since.pop(w.address, None)
             return
         since = self.over_since.setdefault(w.address, now)
-        if now - since < self.shed_after_s:
+        if not force and now - since < self.shed_after_s:
             return
         pending = self.shedding[w.address]
         running = [t for k, t in self.inflight[w.address].items() if k not in pending]
@@ -292,10 +317,11 @@ class RoseScheduler(SchedulerPlugin):
                              "weight_version": r.get("weight_version", -1), "model": r.get("model"),
                              "shed": self.counts[f"shed@{addr}"], "dispatched": self.counts[f"dispatched@{addr}"],
                              "slo_met": r.get("slo_met"), "slo_requests": r.get("slo_requests"),
-                             "elastic": bool(r.get("elastic"))}
+                             "elastic": bool(r.get("elastic")), "colocated": bool(r.get("colocated"))}
         return {"policy": self.policy, "workers": workers, "refused": dict(self.refused),
                 "parked": len(self.parked()) if self.scheduler is not None else 0,
-                "managed": len(self.tasks), "errors": self.errors, "last_error": self.last_error,
+                "managed": len(self.tasks), "training": sorted(self.training),
+                "errors": self.errors, "last_error": self.last_error,
                 "warning": self.waiting_warning, "events": list(self.events)[-50:],
                 "idle_s": time.monotonic() - self.last_busy}
 

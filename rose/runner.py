@@ -1,8 +1,14 @@
 """`rose.run`: drive a pipeline's RL steps on a cluster and return a `Report`.
 
 Per step: build the step graph, validate it (before any worker does work), lower it to Dask tasks,
-submit, and wait in phases (rollout, train, sync) so each phase is timed. Synchronous mode: step
-k's rollouts all use weights version k, because step k-1's sync finished before they were submitted.
+submit, and wait in phases (rollout, train, sync) so each phase is timed.
+- Synchronous mode (`Pipeline.staleness=0`): step k's rollouts all use weights version k, because step
+  k-1's sync finished before they were submitted.
+- Asynchronous mode (`staleness=1`): step k+1's rollouts are submitted with step k's train step and run
+  on version k while the trainer makes version k+1, so rollout capacity outside the trainer's devices
+  overlaps training. Step k+1 then trains on data one version old; GRPO's importance weight against the
+  engines' recorded log-probs corrects for it. The sync of step k waits for step k+1's rollouts, so
+  weights never change under a running trajectory and every trajectory comes from one version.
 """
 from __future__ import annotations
 
@@ -28,9 +34,9 @@ from rose.worker import ROLLOUT_ROLES, ModelSpec, prepare_worker
 
 logger = logging.getLogger("rose.run")
 
-STEP_COLUMNS = ["step", "weight_version", "reward_mean", "reward_std", "trajectories", "failed", "tokens",
-                "rollout_s", "train_s", "trainer_compute_s", "sync_s", "rollout_tok_s", "logprob_mismatch", "loss",
-                "sync_bytes", "sync_refetches"]
+STEP_COLUMNS = ["step", "weight_version", "rollout_version", "reward_mean", "reward_std", "trajectories", "failed",
+                "tokens", "rollout_s", "train_s", "trainer_compute_s", "sync_s", "step_s", "rollout_tok_s",
+                "logprob_mismatch", "loss", "sync_bytes", "sync_refetches"]
 
 
 def _check_placement(client: Client) -> str | None:
@@ -57,11 +63,13 @@ def _one_node(graph, op: str):
 
 
 def run(pipeline: Pipeline | str, cluster=None, steps: int | None = None, seed: int | None = None,
-        progress: bool = True, on_step: Callable[[dict], None] | None = None) -> Report:
+        progress: bool = True, on_step: Callable[[dict], None] | None = None,
+        staleness: int | None = None) -> Report:
     """Run `steps` RL steps of `pipeline` and return a Report.
 
     `cluster`: None (start a LocalRoseCluster for this run), a LocalRoseCluster or any Dask cluster
-    object, a `distributed.Client`, or a scheduler address ("tcp://host:8786").
+    object, a `distributed.Client`, or a scheduler address ("tcp://host:8786"). `staleness` overrides
+    the pipeline's (0: synchronous, 1: the next step's rollouts overlap this step's training).
 
         report = rose.run("pipelines/guess.py", steps=20)
         report.metrics        # pandas DataFrame, one row per step
@@ -71,6 +79,8 @@ def run(pipeline: Pipeline | str, cluster=None, steps: int | None = None, seed: 
         pipeline = load_pipeline(pipeline)
     if seed is not None:
         pipeline = replace(pipeline, seed=seed)
+    if staleness is not None:
+        pipeline = replace(pipeline, staleness=staleness)  # validated there
     steps = pipeline.steps if steps is None else steps
     if steps < 1:
         raise ConfigError(f"steps={steps} must be >= 1")
@@ -130,15 +140,43 @@ def _run(pipeline, client, spec, steps, progress, on_step) -> Report:
         return Report(pipeline.name, pd.DataFrame(rows, columns=STEP_COLUMNS), trajectories, lost, duplicated)
 
     bar = tqdm(range(steps), desc=pipeline.name, disable=not progress, unit="step")
+    staleness = pipeline.staleness
+    current: _Step | None = None
+    t_last = time.perf_counter()
     for step in bar:
+        nxt = None
         try:
-            row, table, ids = _run_step(pipeline, client, fleet, step, version)
+            if current is None:  # the first step, or every step in synchronous mode
+                parts = () if staleness else ("train", "sync")
+                current = _Step.start(pipeline, client, fleet, step, version, parts)
+            current.wait_rollouts()
+            if staleness:
+                # Asynchronous mode: train this step while the next step's rollouts run on the weights the
+                # engines hold now (one version behind the trainer's by the time it trains on them).
+                current.submit("train")
+                if step + 1 < steps:
+                    nxt = _Step.start(pipeline, client, fleet, step + 1, version, ())
+            metrics = current.train_metrics()
+            if nxt is not None:
+                # Weights swap only between steps: the sync waits for the next step's rollouts, so no
+                # trajectory mixes versions. Its rollout phase is done by the time its turn comes.
+                nxt.wait_rollouts()
+            if staleness:
+                current.submit("sync")
+            row, table = current.finish(metrics)
         except Exception as e:
             # Keep what the finished steps produced: the caller (and `rose run`) can save it.
             err = RunError(f"step {step} failed: {type(e).__name__}: {e}", step=step, weight_version=version)
             err.report = report()
+            if nxt is not None:
+                nxt.release()
             raise err from e
-        expected |= ids
+        finally:
+            if current is not None:
+                current.release()
+        now = time.perf_counter()
+        row["step_s"], t_last = now - t_last, now
+        expected |= current.ids
         version = row["weight_version"]
         tables.append(table)
         seen.update(table["trajectory_id"].to_pylist())
@@ -146,6 +184,7 @@ def _run(pipeline, client, spec, steps, progress, on_step) -> Report:
         bar.set_postfix(reward=f"{row['reward_mean']:.3f}", failed=row["failed"])
         if on_step:
             on_step(row)
+        current = nxt
     return report()
 
 
@@ -159,44 +198,89 @@ def _wait_rollouts(futures, fleet: Fleet, version: int, poll_s: float = 0.5) -> 
             fleet.poll(version)
 
 
-def _run_step(pipeline, client, fleet: Fleet, step, version):
-    """One synchronous RL step; returns (metrics row, trajectory table, trajectory ids asked for)."""
-    fleet.settle(version)
-    if not fleet.ready and not fleet.joining:
-        raise RunError("no rollout worker is left in the run", step=step)
-    graph = pipeline.build(step)
-    ctx = LowerContext(step, version, graph.name, tuple(fleet.ready), pipeline.seed,
-                       pipeline.engine.temperature, pipeline.engine.top_p)
-    lowered = lower(graph, ctx)
-    rollout, reward, train, sync = (_one_node(graph, op) for op in ("rollout", "reward", "train", "sync"))
-    ids = {s.trajectory_id for s in lowered.outputs[(rollout.inputs["specs"].node, "specs")]}
-    # Without the placement plugin, rollouts may go to any rollout worker (Dask decides).
-    roles = dict(fleet.roles)  # as of the poll that began this step
-    roles["rollout"] = sorted(a for r in ROLLOUT_ROLES for a in roles.get(r, []))
-    futures = submit(client, lowered.tasks, roles)
-    try:
-        t_step = time.perf_counter()
-        _wait_rollouts([futures[k] for k in lowered.keys_of(rollout.name, "trajectories")], fleet, version)
-        rollout_s = time.perf_counter() - t_step
-        batches = client.gather([futures[k] for k in lowered.keys_of(reward.name, "trajectories")])
-        metrics = client.gather(futures[lowered.keys_of(train.name, "metrics")[0]])
-        train_s = time.perf_counter() - t_step - rollout_s
-        syncs = client.gather([futures[k] for k in lowered.keys_of(sync.name, "status")])
-        sync_s = time.perf_counter() - t_step - rollout_s - train_s
-    finally:
-        for f in futures.values():
+class _Step:
+    """One RL step in flight: its lowered graph, submitted in parts ("gen": prompts, rollouts and rewards;
+    "train"; "sync"), and its phase timings. Synchronous mode submits all parts at once; asynchronous
+    mode holds back train and sync until the runner says."""
+
+    def __init__(self, client, fleet: Fleet, step: int, version: int, graph, lowered):
+        self.client, self.fleet, self.step, self.version = client, fleet, step, version
+        self.lowered = lowered
+        self.nodes = {op: _one_node(graph, op).name for op in ("rollout", "reward", "train", "sync")}
+        rollout = graph.nodes[self.nodes["rollout"]]
+        self.ids = {s.trajectory_id for s in lowered.outputs[(rollout.inputs["specs"].node, "specs")]}
+        # Without the placement plugin, rollouts may go to any rollout worker (Dask decides).
+        self.roles = dict(fleet.roles)  # as of the poll that began this step
+        self.roles["rollout"] = sorted(a for r in ROLLOUT_ROLES for a in self.roles.get(r, []))
+        self.futures: dict = {}
+        self.submitted_at: dict[str, float] = {}
+        self.rollout_s = None
+        self._done_at: list[float] = []
+        self._n_rollouts = 0
+
+    @classmethod
+    def start(cls, pipeline, client, fleet: Fleet, step: int, version: int, parts: tuple[str, ...]) -> "_Step":
+        """Build, validate and lower the step's graph; submit its rollouts (and `parts`)."""
+        fleet.settle(version)
+        if not fleet.ready and not fleet.joining:
+            raise RunError("no rollout worker is left in the run", step=step)
+        graph = pipeline.build(step)
+        ctx = LowerContext(step, version, graph.name, tuple(fleet.ready), pipeline.seed,
+                           pipeline.engine.temperature, pipeline.engine.top_p)
+        st = cls(client, fleet, step, version, graph, lower(graph, ctx))
+        st.submit("gen", *parts)
+        # When each rollout finished: the rollout phase is timed to the last, even when the runner looks
+        # later (asynchronous mode looks after the train step it overlapped).
+        rollouts = st._futures("rollout", "trajectories")
+        for f in rollouts:
+            f.add_done_callback(lambda _f: st._done_at.append(time.perf_counter()))
+        st._n_rollouts = len(rollouts)
+        return st
+
+    def submit(self, *parts: str) -> None:
+        part_of = {self.nodes["train"]: "train", self.nodes["sync"]: "sync"}
+        tasks = [t for t in self.lowered.tasks if part_of.get(t.node, "gen") in parts]
+        now = time.perf_counter()
+        self.submitted_at.update({p: now for p in parts})
+        self.futures = submit(self.client, tasks, self.roles, self.futures)
+
+    def _futures(self, op: str, port: str) -> list:
+        return [self.futures[k] for k in self.lowered.keys_of(self.nodes[op], port)]
+
+    def wait_rollouts(self) -> None:
+        if self.rollout_s is None:
+            _wait_rollouts(self._futures("rollout", "trajectories"), self.fleet, self.version)
+            done = max(self._done_at) if len(self._done_at) == self._n_rollouts else time.perf_counter()
+            self.rollout_s = done - self.submitted_at["gen"]
+
+    def train_metrics(self) -> dict:
+        self.batches = self.client.gather(self._futures("reward", "trajectories"))
+        metrics = self.client.gather(self._futures("train", "metrics")[0])
+        self.train_s = time.perf_counter() - max(self.submitted_at["train"], self.submitted_at["gen"] + self.rollout_s)
+        return metrics
+
+    def finish(self, metrics: dict) -> tuple[dict, pa.Table]:
+        """Wait for the sync; check every engine took the trained version; the step's row and table."""
+        t0 = time.perf_counter()
+        syncs = self.client.gather(self._futures("sync", "status"))
+        sync_s = time.perf_counter() - max(t0, self.submitted_at["sync"])
+        statuses = [s for sync_result in syncs for s in sync_result["statuses"]]
+        self.fleet.synced_to(statuses)
+        new_versions = {s["weight_version"] for s in statuses}
+        if new_versions != {metrics["weight_version"]}:
+            raise RunError(f"engines hold weight versions {sorted(new_versions)} after sync, the trainer "
+                           f"{metrics['weight_version']}", step=self.step)
+        table = concat(self.batches)
+        row = _step_row(self.step, metrics["weight_version"], table, metrics, self.rollout_s, self.train_s, sync_s)
+        row["rollout_version"] = self.version
+        row["sync_bytes"] = sum(s.get("sent_bytes", 0) for s in syncs)
+        row["sync_refetches"] = sum(s.get("refetches", 0) for s in syncs)
+        return row, table
+
+    def release(self) -> None:
+        for f in self.futures.values():
             f.release()
-    statuses = [s for sync_result in syncs for s in sync_result["statuses"]]
-    fleet.synced_to(statuses)
-    new_versions = {s["weight_version"] for s in statuses}
-    if new_versions != {metrics["weight_version"]}:
-        raise RunError(f"engines hold weight versions {sorted(new_versions)} after sync, the trainer "
-                       f"{metrics['weight_version']}", step=step)
-    table = concat(batches)
-    row = _step_row(step, metrics["weight_version"], table, metrics, rollout_s, train_s, sync_s)
-    row["sync_bytes"] = sum(s.get("sent_bytes", 0) for s in syncs)
-    row["sync_refetches"] = sum(s.get("refetches", 0) for s in syncs)
-    return row, table, ids
+        self.futures = {}
 
 
 def _step_row(step, version, table, metrics, rollout_s, train_s, sync_s) -> dict:

@@ -44,7 +44,7 @@ class RoseWorker(WorkerPlugin):
     idempotent = True
 
     def __init__(self, role: str, cores: tuple[int, ...] | None = None, site: str = DEFAULT_SITE,
-                 elastic: bool = False, max_slots: int | None = None):
+                 elastic: bool = False, max_slots: int | None = None, colocated: bool = False):
         if role not in ROLES:
             raise ConfigError(f"unknown ROSE worker role {role!r}; choose one of {list(ROLES)}")
         if not site:
@@ -53,6 +53,10 @@ class RoseWorker(WorkerPlugin):
         self.cores = cores  # CPU cores this worker's compute is bound to (None: leave as is)
         self.site = site  # network site: workers that share a fast network (weight sync topology)
         self.elastic = elastic  # started on demand by the elastic baseline's scaler (shown on the dashboard)
+        # Shares its device with the trainer: the placement plugin gives it no rollouts while a train step runs.
+        self.colocated = colocated
+        if colocated and role != "dedicated":
+            raise ConfigError(f"--rose-colocated is for dedicated rollout workers, not role {role!r}")
         self.weights = None  # WeightEndpoint, made in setup
         self.spec: ModelSpec | None = None
         self.loop = None  # EngineLoop on rollout workers: the active engine
@@ -176,7 +180,8 @@ class RoseWorker(WorkerPlugin):
     def report(self) -> dict:
         serving = self.serving.report() if self.serving is not None else {}
         return {"worker": getattr(self, "address", None), "role": self.role, "site": self.site,
-                "elastic": self.elastic, "running_seqs": sum(self.rollouts.values()), **serving,
+                "elastic": self.elastic, "colocated": self.colocated, "running_seqs": sum(self.rollouts.values()),
+                **serving,
                 "slots": self.slots,
                 # the version this worker's engine runs (rollout workers) or last published (trainer);
                 # read by the scheduler from worker metrics
@@ -323,10 +328,15 @@ def _parse_cores(value: str | None) -> tuple[int, ...] | None:
               help="dedicated role: rollout sequences run at once [default: the engine's max_num_seqs]")
 @click.option("--rose-elastic", is_flag=True, default=False,
               help="this worker was started on demand by the elastic baseline's scaler")
+@click.option("--rose-colocated", is_flag=True, default=False,
+              help="dedicated role: this worker shares its device with the trainer and takes no rollouts while "
+                   "a train step runs (asynchronous runs overlap rollouts with training elsewhere)")
 async def dask_setup(worker, rose_role, rose_cores, rose_site, rose_serving_model, rose_http_port, rose_http_host,
-                     rose_ttft_ms, rose_tpot_ms, rose_rollout_seqs, rose_slots, rose_elastic):
+                     rose_ttft_ms, rose_tpot_ms, rose_rollout_seqs, rose_slots, rose_elastic, rose_colocated):
+    if rose_colocated and rose_role != "dedicated":
+        raise click.BadParameter(f"is for --rose-role dedicated, not {rose_role!r}", param_hint="--rose-colocated")
     plugin = RoseWorker(role=rose_role, cores=_parse_cores(rose_cores), site=rose_site, elastic=rose_elastic,
-                        max_slots=rose_slots)
+                        max_slots=rose_slots, colocated=rose_colocated)
     if rose_role in ROLLOUT_ROLES and worker.state.nthreads < 16:
         logger.warning("rollout worker %s has %d threads: at most %d rollout tasks run on it at once; start it "
                        "with --nthreads 128", worker.address, worker.state.nthreads, worker.state.nthreads)

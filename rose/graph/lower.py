@@ -27,6 +27,7 @@ class TaskSpec:
     annotations: dict[str, Any] = field(default_factory=dict)  # rose-role, step, weight_version, ...
     retries: int = 0
     workers: tuple[str, ...] | None = None  # pin to these addresses (overrides role)
+    node: str = ""  # the graph node it was lowered from (set by `lower`)
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,7 @@ def lower(graph, ctx: LowerContext) -> LoweredGraph:
         ins = {port: outputs[(ref.node, ref.port)] for port, ref in node.inputs.items()}
         node_tasks, node_outs = op.lower(node, ctx, ins)
         for t in node_tasks:
+            t.node = node.name
             t.annotations.setdefault("step", ctx.step)
             t.annotations.setdefault("weight_version", ctx.weight_version)
             if t.role:

@@ -30,9 +30,10 @@ def _batch_key(t: TaskSpec, workers) -> tuple:
             tuple(sorted((k, repr(v)) for k, v in t.annotations.items())))
 
 
-def submit(client, tasks: list[TaskSpec], workers_by_role: dict[str, list[str]]) -> dict:
-    """Submit in order (tasks are topologically sorted); return {key: Future}."""
-    futures = {}
+def submit(client, tasks: list[TaskSpec], workers_by_role: dict[str, list[str]], submitted: dict | None = None) -> dict:
+    """Submit in order (tasks are topologically sorted); return {key: Future}. `submitted`: futures of
+    tasks of the same graph submitted earlier, which these may depend on."""
+    futures = dict(submitted or {})
 
     def workers_of(t: TaskSpec):
         if t.workers:

@@ -113,7 +113,9 @@ class TrainOp(Op):
     def lower(self, node, ctx, inputs):
         cfg = node.params.get("grpo", GRPOConfig())
         key = task_key(ctx, node)
-        train = TaskSpec(key, train_step, (cfg, *inputs["trajectories"]), role="trainer")
+        # rose-trains: the placement plugin keeps rollouts off workers colocated with the trainer meanwhile.
+        train = TaskSpec(key, train_step, (cfg, *inputs["trajectories"]), role="trainer",
+                         annotations={"rose-trains": True})
         metrics = TaskSpec(f"{key}-metrics", train_metrics, (Ref(key),), role="trainer")
         return [train, metrics], {"result": [Ref(key)], "metrics": [Ref(metrics.key)]}
 

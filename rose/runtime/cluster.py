@@ -89,14 +89,17 @@ class LocalRoseCluster(SpecCluster):
         trainer_cores, dedicated_cores = _core_plan(config)
         workers = {"trainer-0": _worker_spec("trainer", trainer_cores, 2, engine, "trainer-0", config.trainer_site)}
         slots = ("--rose-slots", str(config.dedicated_slots)) if config.dedicated_slots else ()
+        self._trainer_cores = set(trainer_cores)
         for i, cores in enumerate(dedicated_cores[:config.num_dedicated]):
             name = f"dedicated-{i}"
             site = config.dedicated_sites[i] if config.dedicated_sites else config.trainer_site
-            workers[name] = _worker_spec("dedicated", cores, engine.rollout_slots, engine, name, site, slots)
+            workers[name] = _worker_spec("dedicated", cores, engine.rollout_slots, engine, name, site,
+                                         slots + self._colocated(cores))
         for i, cores in enumerate(dedicated_cores[config.num_dedicated:]):
             name = f"serving-{i}"
             argv = ("--rose-serving-model", config.serving_model, "--rose-ttft-ms", str(config.serving_ttft_ms),
-                    "--rose-tpot-ms", str(config.serving_tpot_ms))
+                    "--rose-tpot-ms", str(config.serving_tpot_ms),
+                    "--rose-rollout-seqs", str(config.serving_rollout_seqs))
             workers[name] = _worker_spec("serving", cores, engine.rollout_slots, engine, name, config.trainer_site,
                                          argv)
         scheduler = {"cls": Scheduler, "options": {
@@ -118,13 +121,20 @@ class LocalRoseCluster(SpecCluster):
             self.periodic_callbacks["rose-elastic"] = pc
             self.loop.add_callback(pc.start)
 
+    def _colocated(self, cores: tuple[int, ...]) -> tuple[str, ...]:
+        """A dedicated worker on a trainer core shares the trainer's device: it takes no rollouts while
+        a train step runs (the two take turns, as a colocated rollout engine and trainer do), unless
+        `yield_to_trainer` is off (then the OS shares the core between them)."""
+        shares = self._trainer_cores & set(cores)
+        return ("--rose-colocated",) if shares and self.config.yield_to_trainer else ()
+
     def new_worker_spec(self) -> dict:
         cfg = self.config
         name = f"{ELASTIC_PREFIX}{self._elastic_n}"
         cores = _rollout_core(cfg, cfg.num_dedicated + cfg.num_serving + self._elastic_n)
         self._elastic_n += 1
         spec = _worker_spec("dedicated", cores, self.engine_config.rollout_slots, self.engine_config, name,
-                            cfg.trainer_site, (*self._dedicated_argv, "--rose-elastic"))
+                            cfg.trainer_site, (*self._dedicated_argv, *self._colocated(cores), "--rose-elastic"))
         spec["cls"] = AllocatedNanny
         spec["options"]["allocation_delay_s"] = cfg.elastic.allocation_delay_s
         return {name: spec}

@@ -38,7 +38,9 @@ def two_workers():
     from rose.runtime.cluster import LocalRoseCluster
 
     logging.getLogger("distributed").setLevel(logging.WARNING)
-    with LocalRoseCluster(ClusterConfig(num_dedicated=2), EngineConfig()) as c, Client(c) as client:
+    # dedicated-0 shares core 0 with the trainer (so it starts --rose-colocated); dedicated-1 has core 1
+    cfg = ClusterConfig(num_dedicated=2, cores=(0, 1), trainer_cores=(0,))
+    with LocalRoseCluster(cfg, EngineConfig()) as c, Client(c) as client:
         yield client
 
 
@@ -96,6 +98,27 @@ def test_capacity_drop_stops_dispatch_and_shed_rollouts_finish_elsewhere(two_wor
         [a in tw and b in tw for tw in turn_workers])["worker"].to_pylist())
     assert state["errors"] == 0, state["last_error"]
     client.run(lambda dask_worker: dask_worker.plugins["rose"].set_slot_cap(None), workers=[a])
+
+
+def test_asynchronous_steps_train_on_rollouts_one_version_behind(two_workers):
+    """staleness=1: step k+1's rollouts run during step k's training on the weights before it; the
+    worker colocated with the trainer yields while it trains; no trajectory mixes versions."""
+    client = two_workers
+    colocated = [a for a, w in plugin_state(client)["workers"].items() if w["colocated"]]
+    assert len(colocated) == 1 and colocated[0] in dedicated(client)
+    pipeline = small_pipeline("guess", groups=4, group_size=4, steps=3)
+    report = rose.run(pipeline, cluster=client, steps=3, progress=False, staleness=1)
+    check_complete(report, 48)
+    m = report.metrics
+    assert m["rollout_version"].tolist() == [0, 0, 1] and m["weight_version"].tolist() == [1, 2, 3]
+    for row in report.trajectories.to_pylist():
+        versions = {v for v, mask in zip(row["weight_versions"], row["loss_mask"]) if mask}
+        assert versions == {max(0, row["step"] - 1)}, row["trajectory_id"]  # one version, one behind
+    assert (m["logprob_mismatch"].iloc[1:] > 1e-4).all()  # the trainer had moved on: off-policy (TIS corrects)
+    state = plugin_state(client)
+    assert state["errors"] == 0, state["last_error"]
+    assert sum(e[1] == "training" for e in state["events"]) >= 3 and state["training"] == []
+    assert all(w["weight_version"] == 3 for a, w in state["workers"].items() if a in dedicated(client))
 
 
 def test_killed_worker_rollouts_are_replaced_once(two_workers):

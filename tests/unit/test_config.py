@@ -14,6 +14,8 @@ from rose.pipeline import Pipeline
     (lambda: GRPOConfig(clip=1.5), "clip"),
     (lambda: GRPOConfig(tis_cap=0.5), "tis_cap"),
     (lambda: ClusterConfig(num_dedicated=0), "num_dedicated"),
+    (lambda: ClusterConfig(serving_rollout_seqs=0), "serving_rollout_seqs"),
+    (lambda: Pipeline(name="x", env="guess", build=lambda s: None, staleness=2), "staleness"),
 ])
 def test_bad_values_name_the_field(make, field):
     with pytest.raises(ConfigError, match=field):
@@ -25,3 +27,11 @@ def test_pipeline_checks_env_and_build():
         Pipeline(name="x", env="nope", build=lambda s: None)
     with pytest.raises(ConfigError, match="build"):
         Pipeline(name="x", env="guess", build=None)
+
+
+def test_only_dedicated_workers_can_be_colocated_with_the_trainer():
+    from rose.worker import RoseWorker
+
+    assert RoseWorker("dedicated", colocated=True).report()["colocated"] is True
+    with pytest.raises(ConfigError, match="--rose-colocated is for dedicated rollout workers, not role 'serving'"):
+        RoseWorker("serving", colocated=True)

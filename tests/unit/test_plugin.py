@@ -32,3 +32,46 @@ def test_reports_of_unknown_roles_are_refused(caplog):
     assert "unknown role 'gpu'" in plugin.refused["tcp://w"] and "tcp://w" not in plugin.workers
     assert plugin.errors == 0
     assert any("refusing worker tcp://w" in r.getMessage() for r in caplog.records)
+
+
+def _plugin_with_workers(sent: list):
+    plugin = RoseScheduler()
+    d, s = object(), object()  # WorkerStates, as far as the plugin looks
+    plugin.scheduler = SimpleNamespace(tasks={}, workers={"tcp://d": d, "tcp://s": s}, running={d, s}, unrunnable={},
+                                       loop=SimpleNamespace(add_callback=lambda fn: None),
+                                       worker_send=lambda addr, msg: sent.append((addr, msg)))
+    plugin.log_event("rose-capacity", {"worker": "tcp://d", "role": "dedicated", "slots": 16, "colocated": True,
+                                       "weight_version": 0})
+    plugin.log_event("rose-capacity", {"worker": "tcp://s", "role": "serving", "slots": 16, "weight_version": 0})
+    return plugin
+
+
+def test_a_colocated_worker_yields_to_a_running_train_step_and_gets_its_slots_back():
+    from rose.runtime.placement import InFlight
+
+    sent = []
+    plugin = _plugin_with_workers(sent)
+    plugin.inflight["tcp://d"]["rose-rollout-a"] = InFlight("rose-rollout-a", 8, 1.0)
+    plugin.inflight["tcp://s"]["rose-rollout-b"] = InFlight("rose-rollout-b", 8, 1.0)
+    plugin.update_graph(plugin.scheduler, tasks=["g-train-s1"], annotations={"rose-trains": {"g-train-s1": True}})
+    assert plugin.slot("tcp://d").slots == 16  # submitted, not yet running: no effect
+
+    plugin.transition("g-train-s1", "waiting", "processing", stimulus_id="t")
+    assert plugin.slot("tcp://d").slots == 0 and plugin.slot("tcp://s").slots == 16
+    # what the colocated worker runs is shed at once, without waiting out shed_after_s; nothing else is
+    assert sent == [("tcp://d", {"op": "rose-shed", "keys": ["rose-rollout-a"]})]
+    assert plugin.state()["training"] == ["g-train-s1"]
+
+    plugin.transition("g-train-s1", "processing", "memory", stimulus_id="t")
+    assert plugin.slot("tcp://d").slots == 16 and plugin.state()["training"] == []
+    plugin.transition("g-train-s1", "memory", "forgotten", stimulus_id="t")
+    assert not plugin.train_keys and plugin.errors == 0
+
+
+def test_without_colocation_a_train_step_changes_nothing():
+    sent = []
+    plugin = _plugin_with_workers(sent)
+    plugin.workers["tcp://d"]["colocated"] = False
+    plugin.update_graph(plugin.scheduler, tasks=["g-train-s1"], annotations={"rose-trains": {"g-train-s1": True}})
+    plugin.transition("g-train-s1", "waiting", "processing", stimulus_id="t")
+    assert plugin.slot("tcp://d").slots == 16 and sent == [] and plugin.errors == 0
