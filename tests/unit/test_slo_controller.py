@@ -47,7 +47,7 @@ def situations(draw):
 def test_rollout_never_runs_over_the_budget_and_caps_hold(s):
     ctl, serving, rollout = s
     plan = ctl.plan(serving, rollout)
-    if plan.rollout_step:
+    if plan.rollout_step and (serving.decoding or serving.waiting_prompt_tokens):  # a TPOT to keep
         assert plan.rollout_ms <= plan.budget_ms  # predicted: within TPOT minus margin minus serving
         assert plan.budget_ms <= ctl.slo.tpot_ms * (1 - ctl.slo.margin)
     running = ({r.request_id: r for r in rollout.running}.keys() - set(plan.rollout_preempt)) | set(plan.rollout_admit)
@@ -160,6 +160,9 @@ def test_rollout_capacity_fits_the_budget_shrinks_with_load_and_respects_caps(lo
     lo, hi = sorted((load_a, load_b))
     n_lo, n_hi = ctl.rollout_capacity(lo), ctl.rollout_capacity(hi)
     assert 0 <= n_hi <= n_lo <= max_seqs  # more serving load, no more rollout slots
+    if lo == 0:
+        assert n_lo == max_seqs  # no serving load: the caps alone
+        return
     budget = 100 * (1 - ctl.slo.margin) - ctl.serving_model.predict(lo)
     if n_lo > 0:
         assert ctl.rollout_model.predict(n_lo) <= budget  # what is offered fits the TPOT budget
@@ -170,5 +173,22 @@ def test_rollout_capacity_fits_the_budget_shrinks_with_load_and_respects_caps(lo
 def test_rollout_capacity_is_zero_when_serving_alone_uses_the_budget():
     ctl = SloController(SloConfig(ttft_ms=1000, tpot_ms=20), RolloutCaps(max_seqs=64),
                         serving_model=LatencyModel(5.0, 1.0), rollout_model=LatencyModel(4.0, 0.5))
-    assert ctl.rollout_capacity(0) > 0
+    assert ctl.rollout_capacity(1) > 0
     assert ctl.rollout_capacity(30) == 0  # 35 ms of serving step against a 17 ms budget
+
+
+def test_with_no_serving_request_rollout_runs_even_when_the_model_predicts_nothing_fits():
+    """A latency model that learned one very slow step (ms ~ 1000 at any size) must not stall rollout
+    forever while the serving engine is idle: it would never see a rollout step to learn from."""
+    slow = LatencyModel(5.0, 0.5)
+    for _ in range(20):
+        slow.observe(64, 1000.0)
+    ctl = SloController(SloConfig(ttft_ms=1000, tpot_ms=100), RolloutCaps(max_seqs=3), rollout_model=slow)
+    waiting = tuple(RolloutSeq(f"w{i}", 40) for i in range(5))
+    plan = ctl.plan(ServingView(), RolloutView((), waiting))
+    assert plan.rollout_step and plan.rollout_admit == ("w0", "w1", "w2")  # up to the caps
+    assert ctl.rollout_capacity(0) == 3
+    # A serving request arrives: the TPOT budget binds again, and the slow model keeps rollout out.
+    busy = ctl.plan(ServingView(decoding=1), RolloutView((), waiting))
+    assert not busy.rollout_step and busy.rollout_admit == ()
+    assert ctl.rollout_capacity(1) == 0

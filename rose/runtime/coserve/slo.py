@@ -12,7 +12,8 @@ iteration the controller
    the executor's own work and the HTTP front end add a few milliseconds no step model sees);
 3. skips the rollout step when a waiting serving request is close to its TTFT deadline;
 4. admits waiting rollout sequences while the predicted rollout step stays within what is left, and
-   while the rollout in-flight caps (sequences, KV tokens: the memory budget) hold;
+   while the rollout in-flight caps (sequences, KV tokens: the memory budget) hold; with no serving
+   request in the engine, the caps alone bind;
 5. preempts running rollout sequences, newest first, when even the running batch does not fit or
    serving needs their KV memory. Preempted sequences keep their tokens and resume later.
 
@@ -20,6 +21,7 @@ iteration the controller
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from rose.errors import config_check
@@ -181,7 +183,11 @@ class SloController:
 
     def rollout_capacity(self, serving_tokens: int) -> int:
         """Rollout sequences that could decode next to a serving step of `serving_tokens` inside the
-        TPOT budget (what a serving worker offers the placement as slots), up to the caps."""
+        TPOT budget (what a serving worker offers the placement as slots), up to the caps. With no
+        serving load there is no TPOT to keep: the caps alone (as `plan` admits then); a load arriving
+        shrinks the offer and the placement sheds what no longer fits."""
+        if serving_tokens <= 0:
+            return self.caps.max_seqs
         budget = (self.slo.tpot_ms * (1 - self.slo.margin) - self.serving_model.predict(serving_tokens)
                   - self.overhead_ms - 2 * self.overhead_dev_ms)
         lo, hi = 0, self.caps.max_seqs
@@ -229,6 +235,11 @@ class SloController:
                                  self.rollout_model.predict(tokens), budget, reason,
                                  rollout_sleep=wake if (admit or running) else None)
 
+        if serving.decoding == 0 and not serving.waiting_prompt_tokens:
+            # No serving request to protect: rollout runs within the memory caps alone. This also keeps
+            # rollout live when the latency model errs high (one slow first step can make it predict
+            # that nothing fits, and a model that sees no rollout step never learns otherwise).
+            budget = math.inf
         if serving.waiting_prompt_tokens and serving.oldest_wait_ms >= self.slo.ttft_guard * self.slo.ttft_ms:
             return done(False, "a serving request is near its TTFT deadline")
         if budget <= 0:
