@@ -153,6 +153,9 @@ def _run(pipeline, client, spec, steps, progress, on_step) -> Report:
             if staleness:
                 # Asynchronous mode: train this step while the next step's rollouts run on the weights the
                 # engines hold now (one version behind the trainer's by the time it trains on them).
+                # The rewards are in first, so the train task runs as soon as it is submitted, and the
+                # placement plugin keeps a colocated worker out of the next rollouts from the start.
+                current.gather_batches()
                 current.submit("train")
                 if step + 1 < steps:
                     nxt = _Step.start(pipeline, client, fleet, step + 1, version, ())
@@ -215,6 +218,7 @@ class _Step:
         self.futures: dict = {}
         self.submitted_at: dict[str, float] = {}
         self.rollout_s = None
+        self.batches = None  # the step's scored trajectories, gathered by the driver
         self._done_at: list[float] = []
         self._n_rollouts = 0
 
@@ -253,8 +257,12 @@ class _Step:
             done = max(self._done_at) if len(self._done_at) == self._n_rollouts else time.perf_counter()
             self.rollout_s = done - self.submitted_at["gen"]
 
+    def gather_batches(self) -> None:
+        if self.batches is None:
+            self.batches = self.client.gather(self._futures("reward", "trajectories"))
+
     def train_metrics(self) -> dict:
-        self.batches = self.client.gather(self._futures("reward", "trajectories"))
+        self.gather_batches()
         metrics = self.client.gather(self._futures("train", "metrics")[0])
         self.train_s = time.perf_counter() - max(self.submitted_at["train"], self.submitted_at["gen"] + self.rollout_s)
         return metrics
