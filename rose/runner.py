@@ -26,6 +26,7 @@ from distributed import Client, wait
 from rose.errors import ConfigError, GraphError, RunError
 from rose.fleet import Fleet, roles_of
 from rose.graph import LowerContext, lower
+from rose.graph.lower import Ref
 from rose.graph.submit import submit
 from rose.pipeline import Pipeline, load_pipeline
 from rose.report import Report
@@ -152,20 +153,26 @@ def _run(pipeline, client, spec, steps, progress, on_step) -> Report:
             current.wait_rollouts()
             if staleness:
                 # Asynchronous mode: train this step while the next step's rollouts run on the weights the
-                # engines hold now (one version behind the trainer's by the time it trains on them).
-                # The rewards are in first, so the train task runs as soon as it is submitted, and the
-                # placement plugin keeps a colocated worker out of the next rollouts from the start.
-                current.gather_batches()
-                current.submit("train")
+                # engines hold now (one version behind the trainer's by the time it trains on them). The
+                # train task is running by now (submitted last step, or just below), so the placement
+                # plugin keeps a colocated worker out of the next rollouts from the start.
+                if "train" not in current.submitted_at:
+                    current.wait_rewards()
+                    current.submit("train")
                 if step + 1 < steps:
                     nxt = _Step.start(pipeline, client, fleet, step + 1, version, ())
             metrics = current.train_metrics()
-            if nxt is not None:
-                # Weights swap only between steps: the sync waits for the next step's rollouts, so no
-                # trajectory mixes versions. Its rollout phase is done by the time its turn comes.
-                nxt.wait_rollouts()
             if staleness:
+                if nxt is not None:
+                    # Weights swap only between steps: the sync waits for the next step's rollouts, so no
+                    # trajectory mixes versions (their rollout phase is usually over by now).
+                    nxt.wait_rollouts()
+                    nxt.wait_rewards()
                 current.submit("sync")
+                if nxt is not None:
+                    # The next train step follows this sync on the trainer with no round trip through
+                    # the driver (it must not publish a version while the sync reads the last one).
+                    nxt.submit("train", after=current.sync_key)
             row, table = current.finish(metrics)
         except Exception as e:
             # Keep what the finished steps produced: the caller (and `rose run`) can save it.
@@ -219,6 +226,7 @@ class _Step:
         self.submitted_at: dict[str, float] = {}
         self.rollout_s = None
         self.batches = None  # the step's scored trajectories, gathered by the driver
+        self.after_done = 0.0  # when what the train task waits for (the last sync) finished
         self._done_at: list[float] = []
         self._n_rollouts = 0
 
@@ -241,12 +249,30 @@ class _Step:
         st._n_rollouts = len(rollouts)
         return st
 
-    def submit(self, *parts: str) -> None:
+    @property
+    def sync_key(self) -> tuple[str, object]:
+        (key,) = self.lowered.keys_of(self.nodes["sync"], "status")
+        return key, self.futures[key]
+
+    def submit(self, *parts: str, after: tuple[str, object] | None = None) -> None:
+        """Submit these parts of the step; `after` = (key, Future): the train task runs after it."""
         part_of = {self.nodes["train"]: "train", self.nodes["sync"]: "sync"}
         tasks = [t for t in self.lowered.tasks if part_of.get(t.node, "gen") in parts]
+        known = dict(self.futures)
+        if after is not None:
+            key, fut = after
+            known[key] = fut
+            # the train op's training task (annotated rose-trains) takes an `after` argument it ignores
+            tasks = [replace(t, kwargs={**t.kwargs, "after": Ref(key)}) if t.annotations.get("rose-trains") else t
+                     for t in tasks]
+
+            def done(_f):
+                self.after_done = time.perf_counter()
+
+            fut.add_done_callback(done)
         now = time.perf_counter()
         self.submitted_at.update({p: now for p in parts})
-        self.futures = submit(self.client, tasks, self.roles, self.futures)
+        self.futures = submit(self.client, tasks, self.roles, known)
 
     def _futures(self, op: str, port: str) -> list:
         return [self.futures[k] for k in self.lowered.keys_of(self.nodes[op], port)]
@@ -257,6 +283,9 @@ class _Step:
             done = max(self._done_at) if len(self._done_at) == self._n_rollouts else time.perf_counter()
             self.rollout_s = done - self.submitted_at["gen"]
 
+    def wait_rewards(self) -> None:
+        wait(self._futures("reward", "trajectories"))
+
     def gather_batches(self) -> None:
         if self.batches is None:
             self.batches = self.client.gather(self._futures("reward", "trajectories"))
@@ -264,7 +293,10 @@ class _Step:
     def train_metrics(self) -> dict:
         self.gather_batches()
         metrics = self.client.gather(self._futures("train", "metrics")[0])
-        self.train_s = time.perf_counter() - max(self.submitted_at["train"], self.submitted_at["gen"] + self.rollout_s)
+        # From when it could start: submitted, its rollouts done, and (asynchronous) the last sync done.
+        ready = max(self.submitted_at["train"], self.submitted_at["gen"] + self.rollout_s,
+                    self.after_done)
+        self.train_s = time.perf_counter() - ready
         return metrics
 
     def finish(self, metrics: dict) -> tuple[dict, pa.Table]:

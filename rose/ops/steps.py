@@ -113,7 +113,8 @@ class TrainOp(Op):
     def lower(self, node, ctx, inputs):
         cfg = node.params.get("grpo", GRPOConfig())
         key = task_key(ctx, node)
-        # rose-trains: the placement plugin keeps rollouts off workers colocated with the trainer meanwhile.
+        # rose-trains: the placement plugin keeps rollouts off workers colocated with the trainer meanwhile;
+        # the runner may add an `after` argument (a task to follow) to the task so annotated.
         train = TaskSpec(key, train_step, (cfg, *inputs["trajectories"]), role="trainer",
                          annotations={"rose-trains": True})
         metrics = TaskSpec(f"{key}-metrics", train_metrics, (Ref(key),), role="trainer")

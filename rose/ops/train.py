@@ -11,8 +11,10 @@ from rose.config import GRPOConfig
 from rose.runtime.trajectory import concat
 
 
-def train_step(cfg: GRPOConfig, *batches: pa.RecordBatch) -> dict:
-    """Task: one GRPO update on all of the step's trajectories, then publish. Returns version, metrics."""
+def train_step(cfg: GRPOConfig, *batches: pa.RecordBatch, after=None) -> dict:
+    """Task: one GRPO update on all of the step's trajectories, then publish. Returns version, metrics.
+    `after`: a result this step waits for, unused (asynchronous mode: the previous step's sync, which
+    reads the version this step would otherwise replace)."""
     import time
 
     from rose.worker import rose_worker
