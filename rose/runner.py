@@ -26,7 +26,6 @@ from distributed import Client, wait
 from rose.errors import ConfigError, GraphError, RunError
 from rose.fleet import Fleet, roles_of
 from rose.graph import LowerContext, lower
-from rose.graph.lower import Ref
 from rose.graph.submit import submit
 from rose.pipeline import Pipeline, load_pipeline
 from rose.report import Report
@@ -170,9 +169,9 @@ def _run(pipeline, client, spec, steps, progress, on_step) -> Report:
                     nxt.wait_rewards()
                 current.submit("sync")
                 if nxt is not None:
-                    # The next train step follows this sync on the trainer with no round trip through
-                    # the driver (it must not publish a version while the sync reads the last one).
-                    nxt.submit("train", after=current.sync_key)
+                    # The next train step runs while this sync moves the new version (no round trip
+                    # through the driver); it publishes only once the sync is done reading this one.
+                    nxt.submit("train", publish_after_sync=metrics["weight_version"])
             row, table = current.finish(metrics)
         except Exception as e:
             # Keep what the finished steps produced: the caller (and `rose run`) can save it.
@@ -226,7 +225,6 @@ class _Step:
         self.submitted_at: dict[str, float] = {}
         self.rollout_s = None
         self.batches = None  # the step's scored trajectories, gathered by the driver
-        self.after_done = 0.0  # when what the train task waits for (the last sync) finished
         self._done_at: list[float] = []
         self._n_rollouts = 0
 
@@ -249,30 +247,17 @@ class _Step:
         st._n_rollouts = len(rollouts)
         return st
 
-    @property
-    def sync_key(self) -> tuple[str, object]:
-        (key,) = self.lowered.keys_of(self.nodes["sync"], "status")
-        return key, self.futures[key]
-
-    def submit(self, *parts: str, after: tuple[str, object] | None = None) -> None:
-        """Submit these parts of the step; `after` = (key, Future): the train task runs after it."""
+    def submit(self, *parts: str, publish_after_sync: int | None = None) -> None:
+        """Submit these parts of the step; `publish_after_sync` goes to the training task."""
         part_of = {self.nodes["train"]: "train", self.nodes["sync"]: "sync"}
         tasks = [t for t in self.lowered.tasks if part_of.get(t.node, "gen") in parts]
-        known = dict(self.futures)
-        if after is not None:
-            key, fut = after
-            known[key] = fut
-            # the train op's training task (annotated rose-trains) takes an `after` argument it ignores
-            tasks = [replace(t, kwargs={**t.kwargs, "after": Ref(key)}) if t.annotations.get("rose-trains") else t
-                     for t in tasks]
-
-            def done(_f):
-                self.after_done = time.perf_counter()
-
-            fut.add_done_callback(done)
+        if publish_after_sync is not None:
+            # the train op's training task (annotated rose-trains) takes this argument
+            tasks = [replace(t, kwargs={**t.kwargs, "publish_after_sync": publish_after_sync})
+                     if t.annotations.get("rose-trains") else t for t in tasks]
         now = time.perf_counter()
         self.submitted_at.update({p: now for p in parts})
-        self.futures = submit(self.client, tasks, self.roles, known)
+        self.futures = submit(self.client, tasks, self.roles, self.futures)
 
     def _futures(self, op: str, port: str) -> list:
         return [self.futures[k] for k in self.lowered.keys_of(self.nodes[op], port)]
@@ -293,9 +278,8 @@ class _Step:
     def train_metrics(self) -> dict:
         self.gather_batches()
         metrics = self.client.gather(self._futures("train", "metrics")[0])
-        # From when it could start: submitted, its rollouts done, and (asynchronous) the last sync done.
-        ready = max(self.submitted_at["train"], self.submitted_at["gen"] + self.rollout_s,
-                    self.after_done)
+        # From when it could start: submitted and its rollouts done.
+        ready = max(self.submitted_at["train"], self.submitted_at["gen"] + self.rollout_s)
         self.train_s = time.perf_counter() - ready
         return metrics
 

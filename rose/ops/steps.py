@@ -114,7 +114,7 @@ class TrainOp(Op):
         cfg = node.params.get("grpo", GRPOConfig())
         key = task_key(ctx, node)
         # rose-trains: the placement plugin keeps rollouts off workers colocated with the trainer meanwhile;
-        # the runner may add an `after` argument (a task to follow) to the task so annotated.
+        # the runner may give the task so annotated a `publish_after_sync` argument (asynchronous mode).
         train = TaskSpec(key, train_step, (cfg, *inputs["trajectories"]), role="trainer",
                          annotations={"rose-trains": True})
         metrics = TaskSpec(f"{key}-metrics", train_metrics, (Ref(key),), role="trainer")

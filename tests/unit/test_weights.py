@@ -236,3 +236,30 @@ def test_publishing_from_device_tensors_matches_the_cpu():
         idx, vals = delta.sparse_diff(a, b)
         assert delta.changed_fraction(a, b) == pytest.approx(idx.numel() / a.numel())
         assert torch.equal(b.reshape(-1)[idx], vals) and idx.device.type == "cuda"
+
+
+def test_a_publish_waits_for_the_sync_of_the_version_before_and_fails_with_it():
+    """Asynchronous mode: train step k+1 runs while step k's sync reads version k+1; it publishes
+    only once that sync is done, and a failed sync fails it instead of leaving it blocked."""
+    import threading
+    from types import SimpleNamespace
+
+    from rose.errors import EngineError
+    from rose.runtime.weights.endpoint import WeightEndpoint
+
+    ep = WeightEndpoint(SimpleNamespace(handlers={}, address="tcp://trainer"), "default")
+    waited = threading.Event()
+    t = threading.Thread(target=lambda: (ep.wait_synced(3), waited.set()))
+    t.start()
+    ep.mark_synced(2)
+    assert not waited.wait(0.2)  # an older version's sync does not release it
+    ep.mark_synced(3)
+    t.join(5)
+    assert waited.is_set()
+    ep.wait_synced(3)  # already done: returns at once
+    ep.mark_synced(4, error="OSError: receiver gone")
+    with pytest.raises(EngineError, match="sync of weight version 4 failed: OSError: receiver gone"):
+        ep.wait_synced(4)
+    ep.reset("float32")
+    with pytest.raises(EngineError, match="did not finish in 0 s"):
+        ep.wait_synced(1, timeout_s=0.05)

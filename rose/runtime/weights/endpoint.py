@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections import Counter
 
@@ -50,6 +51,11 @@ class WeightEndpoint:
         # Shards this receiver is about to fetch, so that as a relay it can be asked for them early:
         # a request waits for the shard instead of waiting for a whole plan level to finish.
         self._expected: dict[str, asyncio.Event] = {}
+        # Publisher: the last version whose sync finished (or failed: `sync_error`), so that a train step
+        # that overlaps a sync publishes its version only after that sync is done reading this one.
+        self._synced = threading.Condition()
+        self.synced_version = -1
+        self.sync_error: str | None = None
         for name in ("get", "state", "expect", "pull", "commit", "abort", "digest"):
             worker.handlers[f"rose_weights_{name}"] = getattr(self, f"_h_{name}")
 
@@ -65,6 +71,26 @@ class WeightEndpoint:
         for h in list(self._expected):
             self._arrived(h)
         self.dtype, self.shard_bytes = dtype, shard_bytes
+        with self._synced:
+            self.synced_version, self.sync_error = -1, None
+
+    def mark_synced(self, version: int, error: str | None = None) -> None:
+        """The sync of `version` finished (or failed with `error`)."""
+        with self._synced:
+            if error is None:
+                self.synced_version = max(self.synced_version, version)
+            self.sync_error = error
+            self._synced.notify_all()
+
+    def wait_synced(self, version: int, timeout_s: float = 600.0) -> None:
+        """Block (a task thread, never the event loop) until the sync of `version` has finished."""
+        with self._synced:
+            if not self._synced.wait_for(lambda: self.synced_version >= version or self.sync_error, timeout_s):
+                raise EngineError(f"the sync of weight version {version} did not finish in {timeout_s:.0f} s",
+                                  worker=self.worker.address)
+            if self.synced_version < version:
+                raise EngineError(f"the sync of weight version {version} failed: {self.sync_error}",
+                                  worker=self.worker.address)
 
     # ---------------------------------------------------------------- publisher (trainer)
     def publish(self, tensors: dict, version: int) -> Manifest:
