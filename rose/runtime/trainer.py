@@ -64,15 +64,17 @@ class Trainer:
         adv = group_advantages(rewards, groups, cfg.adv_eps)
 
         self.model.train()
-        with torch.no_grad():
-            old = token_logprobs(self.model(input_ids=ids).logits, ids, self.temperature)
-        n = mask.sum().clamp(min=1)
-        diff = (old - behav).abs() * mask
-        metrics |= {"logprob_mismatch": float(diff.sum() / n), "logprob_mismatch_max": float(diff.max()),
-                    "zero_adv_groups": float((adv == 0).float().mean())}
         losses, stats = [], {}
-        for _ in range(cfg.inner_epochs):
+        for epoch in range(cfg.inner_epochs):
             lp = token_logprobs(self.model(input_ids=ids).logits, ids, self.temperature)
+            if epoch == 0:
+                # The first epoch's forward runs at the weights the batch started from: its log-probs
+                # are the "old" ones of the PPO ratio (no separate no-grad forward pass).
+                old = lp.detach()
+                n = mask.sum().clamp(min=1)
+                diff = (old - behav).abs() * mask
+                metrics |= {"logprob_mismatch": float(diff.sum() / n), "logprob_mismatch_max": float(diff.max()),
+                            "zero_adv_groups": float((adv == 0).float().mean())}
             loss, stats = grpo_loss(lp, old, behav, adv, mask, cfg.clip, cfg.tis_cap)
             self.opt.zero_grad()
             loss.backward()
