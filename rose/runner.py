@@ -223,7 +223,8 @@ class _Step:
         self.roles["rollout"] = sorted(a for r in ROLLOUT_ROLES for a in self.roles.get(r, []))
         self.futures: dict = {}
         self.submitted_at: dict[str, float] = {}
-        self.rollout_s = None
+        self.rollout_s = None  # s from submission to the last rollout done
+        self.train_s = None  # s from when training could start to its metrics
         self.batches = None  # the step's scored trajectories, gathered by the driver
         self._done_at: list[float] = []
         self._n_rollouts = 0
