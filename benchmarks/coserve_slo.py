@@ -108,13 +108,14 @@ def main():
 
     from rose.config import ClusterConfig, EngineConfig, ModelConfig
     from rose.fleet import roles_of as _roles
+    from rose.envs import env_class
     from rose.models import prepare_model
     from rose.runtime.cluster import LocalRoseCluster
     from rose.runtime.coserve import traffic
     from rose.worker import ModelSpec, prepare_worker
 
     model_cfg = ModelConfig()
-    model_dir = prepare_model(model_cfg, "guess", seed=args.seed)
+    model_dir = prepare_model(model_cfg, env_class("guess"), seed=args.seed)
     engine = EngineConfig(dtype="float32")
     spec = ModelSpec(model_dir, model_cfg.max_model_len, engine, args.seed)
     os.sched_setaffinity(0, {1} if len(os.sched_getaffinity(0)) > 1 else os.sched_getaffinity(0))  # off core 0

@@ -124,12 +124,13 @@ def main():
     steps = args.steps or (12 if args.quick else 30)
 
     import rose
+    from rose.envs import env_class
     from rose.models import prepare_model
     from rose.pipeline import load_pipeline
-    from rose.runtime.placement.elastic import ElasticConfig
+    from rose.config import ElasticConfig
 
     pipeline = replace(load_pipeline(os.path.join(ROOT, "pipelines", "guess.py")), seed=args.seed)
-    model_dir = prepare_model(pipeline.model, pipeline.env, progress=False)
+    model_dir = prepare_model(pipeline.model, env_class(pipeline.env), progress=False)
     base = rose.ClusterConfig(num_dedicated=1, cores=(0, 1), trainer_cores=(0,), serving_ttft_ms=args.ttft_ms,
                               serving_tpot_ms=args.tpot_ms)
     elastic = ElasticConfig(max_extra=1, worker_slots=args.dedicated_slots, allocation_delay_s=args.allocation_delay,

@@ -42,7 +42,7 @@ def serve_direct(model_dir, engine_cfg, max_len, n, seed):
     from transformers import AutoTokenizer
     from vllm import LLM, SamplingParams
 
-    from rose.ops.envs import make_env
+    from rose.envs import make_env
 
     llm = LLM(model=model_dir, dtype=engine_cfg.dtype, enforce_eager=True, max_model_len=max_len,
               max_num_seqs=engine_cfg.max_num_seqs, seed=seed, enable_prefix_caching=True)
@@ -166,12 +166,13 @@ def main():
     rounds = args.rounds or (3 if args.quick else 8)
 
     from rose.config import EngineConfig, ModelConfig
+    from rose.envs import env_class
     from rose.models import prepare_model
     from rose.runtime.engine.vllm_engine import configure_vllm_env
 
     model_cfg = ModelConfig()
     engine_cfg = EngineConfig()
-    model_dir = prepare_model(model_cfg, "guess", seed=args.seed)
+    model_dir = prepare_model(model_cfg, env_class("guess"), seed=args.seed)
     if args.direct_only:
         configure_vllm_env(engine_cfg, [CORE])
         os.sched_setaffinity(0, {CORE})

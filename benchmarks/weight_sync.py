@@ -258,13 +258,14 @@ def main():
     from tqdm import tqdm
 
     from rose.config import ModelConfig
+    from rose.envs import env_class
     from rose.models import prepare_model
 
-    models = {"default": prepare_model(ModelConfig(), "guess", seed=args.seed)}
+    models = {"default": prepare_model(ModelConfig(), env_class("guess"), seed=args.seed)}
     if not args.quick:
         # ~101 M parameters: 6 layers of width 1024 (no warm start: the sync does not care what it knows)
         big = ModelConfig(hidden_size=1024, num_layers=6, num_heads=16, warmstart_steps=0)
-        models["101M"] = prepare_model(big, "guess", seed=args.seed)
+        models["101M"] = prepare_model(big, env_class("guess"), seed=args.seed)
     cases = [(m, lr) for m in models for lr in ((1e-6,) if args.quick else (1e-6, DEFAULT_LR))]
 
     results = {}

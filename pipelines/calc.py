@@ -8,7 +8,7 @@ import rose
 from rose.graph import Graph
 
 # ---- settings
-ENV = "calc"  # environment (rose/ops/envs/calc.py)
+ENV = "calc"  # environment (rose/envs/calc.py)
 NUM_GROUPS = 16  # questions per step (GRPO groups)
 GROUP_SIZE = 8  # samples per question
 STEPS = 20

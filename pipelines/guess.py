@@ -8,7 +8,7 @@ import rose
 from rose.graph import Graph
 
 # ---- settings
-ENV = "guess"  # environment (rose/ops/envs/guess.py)
+ENV = "guess"  # environment (rose/envs/guess.py)
 NUM_GROUPS = 16  # environment seeds per step (GRPO groups)
 GROUP_SIZE = 8  # samples per seed
 STEPS = 100  # RL steps by default

@@ -6,7 +6,11 @@ import os
 from dataclasses import dataclass, field
 
 from rose.errors import config_check
-from rose.runtime.placement.elastic import ElasticConfig
+
+# Rollout placement policies (`dask scheduler --preload rose.plugin --rose-policy P`): rose places on
+# dedicated workers, then on serving workers' spare capacity; fixed on dedicated workers only; elastic
+# on dedicated workers plus on-demand ones that a scaler starts (`ElasticConfig`).
+POLICIES = ("rose", "fixed", "elastic")
 
 
 def _positive(cls: str, name: str, value, allow_zero: bool = False) -> None:
@@ -93,6 +97,23 @@ class GRPOConfig:
 
 
 @dataclass(frozen=True)
+class ElasticConfig:
+    """The resource-elastic baseline's on-demand dedicated workers (policy "elastic")."""
+
+    max_extra: int = 1  # on-demand workers at most, on top of the ones the cluster started with
+    worker_slots: int = 128  # rollout sequences one on-demand worker runs at once
+    idle_release_s: float = 60.0  # give an on-demand worker back after this long with no rollout work (s)
+    allocation_delay_s: float = 20.0  # from asking for a worker to its process starting (s)
+
+    def __post_init__(self):
+        c = "ElasticConfig"
+        config_check(self.max_extra >= 0, c, "max_extra", self.max_extra, ">= 0")
+        config_check(self.worker_slots >= 1, c, "worker_slots", self.worker_slots, ">= 1")
+        config_check(self.idle_release_s >= 0, c, "idle_release_s", self.idle_release_s, ">= 0")
+        config_check(self.allocation_delay_s >= 0, c, "allocation_delay_s", self.allocation_delay_s, ">= 0")
+
+
+@dataclass(frozen=True)
 class ClusterConfig:
     """The embedded local cluster (`LocalRoseCluster`)."""
 
@@ -122,7 +143,7 @@ class ClusterConfig:
 
     def __post_init__(self):
         c = "ClusterConfig"
-        config_check(self.policy in ("rose", "fixed", "elastic"), c, "policy", self.policy, "rose, fixed or elastic")
+        config_check(self.policy in POLICIES, c, "policy", self.policy, f"one of {list(POLICIES)}")
         _positive(c, "shed_after_s", self.shed_after_s, allow_zero=True)
         config_check(self.dedicated_slots is None or self.dedicated_slots >= 1, c, "dedicated_slots",
                      self.dedicated_slots, ">= 1 or None")

@@ -39,7 +39,7 @@ class Pipeline:
         config_check(isinstance(self.steps, int) and self.steps >= 1, "Pipeline", "steps", self.steps, ">= 1")
         config_check(self.staleness in (0, 1) and isinstance(self.staleness, int), "Pipeline", "staleness",
                      self.staleness, "0 (synchronous) or 1 (rollouts overlap the previous step's training)")
-        from rose.ops.envs import env_class
+        from rose.envs import env_class
 
         env_class(self.env)  # unknown environments fail here, with the list of known ones
 

@@ -86,10 +86,12 @@ def run(pipeline: Pipeline | str, cluster=None, steps: int | None = None, seed: 
         raise ConfigError(f"steps={steps} must be >= 1")
     pipeline.build(0).validate()  # malformed graphs fail here, before any cluster work
 
+    from rose.envs import env_class
+
     from rose.models import prepare_model
 
     # The warm start does not depend on the run seed: every seed starts from the same cached model.
-    model_dir = prepare_model(pipeline.model, pipeline.env, progress=progress)
+    model_dir = prepare_model(pipeline.model, env_class(pipeline.env), progress=progress)
     spec = ModelSpec(model_dir, pipeline.model.max_model_len, pipeline.engine, pipeline.seed)
 
     owned = []

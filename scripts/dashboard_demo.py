@@ -34,13 +34,14 @@ def main():
     from distributed import Client
 
     import rose
+    from rose.envs import env_class
     from rose.models import prepare_model
     from rose.pipeline import load_pipeline
     from rose.runtime.cluster import LocalRoseCluster
     from rose.runtime.coserve import traffic
 
     pipeline = load_pipeline(os.path.join(ROOT, "pipelines", "guess.py"))
-    model_dir = prepare_model(pipeline.model, pipeline.env)
+    model_dir = prepare_model(pipeline.model, env_class(pipeline.env))
     cfg = rose.ClusterConfig(num_dedicated=1, num_serving=1, serving_model=model_dir, dedicated_slots=64,
                              cores=(0, 1), trainer_cores=(0,), dashboard=True,
                              shed_after_s=0.0)

@@ -47,14 +47,13 @@ def check_model_dir(path: str) -> None:
         raise ModelError(f"{path!r} has no weights (*.safetensors or *.bin)", path=path)
 
 
-def prepare_model(cfg: ModelConfig, env_name: str, seed: int = 0, progress: bool = True) -> str:
-    """Return a model directory for this pipeline: the user's (checked) or the cached tiny one."""
+def prepare_model(cfg: ModelConfig, env_cls: type, seed: int = 0, progress: bool = True) -> str:
+    """Return a model directory for this pipeline: the user's (checked) or the cached tiny one, built
+    for and warm-started on the environment class `env_cls` (`rose.envs.env_class(name)`)."""
     if cfg.path is not None:
         check_model_dir(cfg.path)
         return os.path.abspath(cfg.path)
-    from rose.ops.envs import env_class
-
-    env_cls = env_class(env_name)
+    env_name = env_cls.name
     key = json.dumps({"env": env_name, "vocab": env_cls.vocabulary(), "hidden": cfg.hidden_size,
                       "layers": cfg.num_layers, "heads": cfg.num_heads, "len": cfg.max_model_len,
                       "steps": cfg.warmstart_steps, "batch": cfg.warmstart_batch, "lr": cfg.warmstart_lr,

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from rose.errors import PromptTooLongError
-from rose.ops.envs.base import replay
+from rose.envs.base import replay
 from rose.runtime.engine.base import SamplingSpec
 from rose.runtime.trajectory import Trajectory, to_batch, trajectory_id
 
@@ -146,7 +146,7 @@ async def agent_loop(spec: RolloutSpec, env, engine_loop, tokenizer, max_model_l
 
 
 async def _one(spec: RolloutSpec, w, state, stop) -> Trajectory | Partial:
-    from rose.ops.envs import make_env
+    from rose.envs import make_env
 
     if isinstance(state, Trajectory):  # finished before its group was shed
         return state

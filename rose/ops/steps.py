@@ -32,7 +32,7 @@ class PromptsOp(Op):
 
     def check_params(self, params):
         super().check_params(params)
-        from rose.ops.envs import env_class
+        from rose.envs import env_class
 
         env_class(params["env"])  # unknown environment -> ConfigError (a ValueError)
         for k in ("num_groups", "group_size"):

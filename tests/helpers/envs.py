@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import random
 
-from rose.ops.envs.base import StepResult
-from rose.ops.envs.guess import GuessEnv
+from rose.envs.base import StepResult
+from rose.envs.guess import GuessEnv
 
 
 class RaisingEnv(GuessEnv):

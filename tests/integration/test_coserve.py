@@ -12,9 +12,10 @@ pytestmark = pytest.mark.integration
 
 def test_preempted_rollouts_resume_exactly_while_serving_runs():
     import rose
+    from rose.envs import env_class
     from rose.models import prepare_model
 
-    model_dir = prepare_model(rose.ModelConfig(), "guess", progress=False)
+    model_dir = prepare_model(rose.ModelConfig(), env_class("guess"), progress=False)
     out = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "..", "helpers", "coserve_check.py"),
                           model_dir], capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -54,9 +54,11 @@ def test_two_steps_of_each_pipeline(cluster, path):
         tok_rows = report.trajectories.to_pylist()
         from transformers import AutoTokenizer
 
+        from rose.envs import env_class
+
         from rose.models import prepare_model
 
-        tok = AutoTokenizer.from_pretrained(prepare_model(shipped.model, "calc", progress=False))
+        tok = AutoTokenizer.from_pretrained(prepare_model(shipped.model, env_class("calc"), progress=False))
         eq = tok.convert_tokens_to_ids("=")
         tool_tokens = [(tid, m) for r in tok_rows for tid, m in zip(r["token_ids"], r["loss_mask"]) if tid == eq]
         assert tool_tokens and not any(m for _, m in tool_tokens)

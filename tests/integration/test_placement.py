@@ -149,7 +149,7 @@ def test_elastic_policy_adds_a_worker_that_joins_mid_run():
     from distributed import Client
 
     from rose.runtime.cluster import LocalRoseCluster
-    from rose.runtime.placement.elastic import ElasticConfig
+    from rose.config import ElasticConfig
 
     cfg = ClusterConfig(num_dedicated=1, policy="elastic", dedicated_slots=8,
                         elastic=ElasticConfig(max_extra=1, worker_slots=8, allocation_delay_s=1.0,

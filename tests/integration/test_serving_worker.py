@@ -16,10 +16,12 @@ pytestmark = pytest.mark.integration
 def serving_cluster():
     from distributed import Client
 
+    from rose.envs import env_class
+
     from rose.models import prepare_model
     from rose.runtime.cluster import LocalRoseCluster
 
-    model_dir = prepare_model(rose.ModelConfig(), "guess", progress=False)
+    model_dir = prepare_model(rose.ModelConfig(), env_class("guess"), progress=False)
     cfg = ClusterConfig(num_dedicated=0, num_serving=1, serving_model=model_dir, serving_tpot_ms=200.0)
     with LocalRoseCluster(cfg, EngineConfig(dtype="float32")) as c, Client(c) as client:
         yield client

@@ -125,9 +125,10 @@ def test_sync_relays_detects_corruption_and_engines_match_a_fresh_load(two_site_
     for addr, digest in client.run(_digest, workers=dedicated).items():
         assert digest == {k: v for k, v in ref["digest"].items() if k in digest}, addr
     # tokenizer files beside the saved weights, then greedy decoding on a fresh engine
+    from rose.envs import env_class
     from rose.models import prepare_model
 
-    model_dir = prepare_model(p.model, "guess", progress=False)
+    model_dir = prepare_model(p.model, env_class("guess"), progress=False)
     for f in os.listdir(model_dir):
         if f.startswith(("tokenizer", "special_tokens")):
             shutil.copy(os.path.join(model_dir, f), ckpt / f)

@@ -5,8 +5,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rose.errors import ConfigError
-from rose.ops.envs import env_class, make_env, replay
-from rose.ops.envs.guess import MALFORMED_REWARD
+from rose.envs import env_class, make_env, replay
+from rose.envs.guess import MALFORMED_REWARD
 
 
 @given(seed=st.integers(0, 2**31), actions=st.lists(st.sampled_from(

@@ -5,10 +5,10 @@ import pytest
 
 from rose.config import ModelConfig
 from rose.errors import ModelError
+from rose.envs import env_class
 from rose.models import check_model_dir, prepare_model
 from rose.models.tiny import build_model, build_tokenizer
 from rose.models.warmstart import encode_demo
-from rose.ops.envs import env_class
 
 
 def test_missing_directory(tmp_path):
@@ -40,9 +40,9 @@ def test_tokenizer_round_trip_and_demo_masks():
 
 def test_tiny_model_is_a_loadable_causal_lm(tmp_path):
     cfg = ModelConfig(warmstart_steps=0, cache_dir=str(tmp_path))
-    path = prepare_model(cfg, "guess", progress=False)
+    path = prepare_model(cfg, env_class("guess"), progress=False)
     check_model_dir(path)  # what we build passes our own check
-    assert prepare_model(cfg, "guess", progress=False) == path  # cached
+    assert prepare_model(cfg, env_class("guess"), progress=False) == path  # cached
     model = build_model(cfg, build_tokenizer(env_class("guess").vocabulary()))
     assert model.config.head_dim >= 32 and model.config.vocab_size % 32 == 0
     assert os.path.isfile(os.path.join(path, ".rose-complete"))

@@ -6,7 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rose.runtime.placement import InFlight, RolloutTask, WorkerSlot, fair_order, place, plan_shed
-from rose.runtime.placement.elastic import ElasticConfig, elastic_target
+from rose.config import ElasticConfig
+from rose.runtime.placement.elastic import elastic_target
 
 workers_st = st.lists(
     st.builds(WorkerSlot, address=st.sampled_from([f"w{i}" for i in range(8)]),

@@ -2,29 +2,14 @@
 
 Pure: the plugin answers the cluster's adaptive loop with `elastic_target(...)`; the cluster asks its
 resource manager for that many workers, each of which arrives after the allocation delay and then
-pays its own engine start-up (`rose.runtime.cluster.ElasticRoseCluster`).
+pays its own engine start-up (`LocalRoseCluster` with `ClusterConfig(policy="elastic")` does this
+through `SpecCluster.scale`).
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
-from rose.errors import config_check
-
-
-@dataclass(frozen=True)
-class ElasticConfig:
-    max_extra: int = 1  # on-demand workers at most, on top of the ones the cluster started with
-    worker_slots: int = 128  # rollout sequences one on-demand worker runs at once
-    idle_release_s: float = 60.0  # give an on-demand worker back after this long with no rollout work (s)
-    allocation_delay_s: float = 20.0  # from asking for a worker to its process starting (s)
-
-    def __post_init__(self):
-        c = "ElasticConfig"
-        config_check(self.max_extra >= 0, c, "max_extra", self.max_extra, ">= 0")
-        config_check(self.worker_slots >= 1, c, "worker_slots", self.worker_slots, ">= 1")
-        config_check(self.idle_release_s >= 0, c, "idle_release_s", self.idle_release_s, ">= 0")
-        config_check(self.allocation_delay_s >= 0, c, "allocation_delay_s", self.allocation_delay_s, ">= 0")
+from rose.config import ElasticConfig
 
 
 def elastic_target(waiting_seqs: int, held: int, arriving: int, idle_s: float, cfg: ElasticConfig) -> int:

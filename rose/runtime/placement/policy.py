@@ -13,9 +13,9 @@ import heapq
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from rose.config import POLICIES
 from rose.errors import config_check
 
-POLICIES = ("rose", "fixed", "elastic")
 # Which worker roles take rollouts under each policy. The baselines use dedicated workers only;
 # `elastic` differs from `fixed` in its scaler (rose.runtime.placement.elastic), not here.
 ROLES_OF_POLICY = {"rose": ("dedicated", "serving"), "fixed": ("dedicated",), "elastic": ("dedicated",)}

@@ -82,4 +82,4 @@ def make_env(name: str, **kwargs) -> Env:
 
 
 def _load_builtin() -> None:
-    from rose.ops.envs import calc, guess  # noqa: F401  (registration side effect)
+    from rose.envs import calc, guess  # noqa: F401  (registration side effect)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 
-from rose.ops.envs.base import StepResult, register
+from rose.envs.base import StepResult, register
 
 MALFORMED_REWARD = -1.0
 
