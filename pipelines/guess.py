@@ -5,7 +5,7 @@ A tiny Llama (0.5 M parameters) is built and warm-started on random valid play (
 teaches it to search: sampled reward rises from about 0.5 toward binary search's 0.76.
 """
 import rose
-from rose.graph import Graph
+from rose.graph import Graph, rl_step
 
 # ---- settings
 ENV = "guess"  # environment (rose/envs/guess.py)
@@ -23,13 +23,7 @@ CLUSTER = rose.ClusterConfig(num_dedicated=1)
 
 
 def step_graph(step: int) -> Graph:
-    g = Graph("guess")
-    specs = g.add("prompts", "prompts", env=ENV, num_groups=NUM_GROUPS, group_size=GROUP_SIZE)
-    traj = g.add("rollout", "rollout", inputs={"specs": specs.out("specs")})
-    scored = g.add("reward", "reward", inputs={"trajectories": traj.out("trajectories")})
-    train = g.add("train", "train", inputs={"trajectories": scored.out("trajectories")}, grpo=GRPO)
-    g.add("sync", "sync", inputs={"result": train.out("result")})
-    return g
+    return rl_step(ENV, ENV, NUM_GROUPS, GROUP_SIZE, grpo=GRPO)
 
 
 PIPELINE = rose.Pipeline(name="guess", env=ENV, build=step_graph, steps=STEPS, seed=SEED, model=MODEL,

@@ -5,6 +5,7 @@
     report.metrics                                       # per-step pandas DataFrame
     report.plot("reward.png")
 """
+import rose.ops  # noqa: F401  (registers the built-in ops for graphs built anywhere)
 from rose.config import ClusterConfig, EngineConfig, GRPOConfig, ModelConfig
 from rose.pipeline import Pipeline, load_pipeline
 from rose.report import Report

@@ -31,7 +31,7 @@ class Pipeline:
     engine: EngineConfig = field(default_factory=EngineConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     # Weight versions a step's rollouts may lag the trainer: 0 synchronous; 1 asynchronous (step k+1's
-    # rollouts run during step k's training, on the weights from before it). See rose.runner.
+    # rollouts run during step k's training, on the weights from before it). See rose.schedule.
     staleness: int = 0
 
     def __post_init__(self):

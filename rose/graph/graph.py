@@ -31,5 +31,11 @@ class Graph:
 
         return validate(self)
 
+    def validate_step(self) -> list:
+        """`validate`, plus what the runner needs of an RL step graph (one train node, one sync node)."""
+        from rose.graph.validate import validate_step
+
+        return validate_step(self)
+
     def __repr__(self) -> str:
         return f"Graph({self.name!r}, nodes={list(self.nodes)})"

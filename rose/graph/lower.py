@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from rose.runtime.protocol import Annotation
+
 
 @dataclass(frozen=True)
 class Ref:
@@ -28,6 +30,7 @@ class TaskSpec:
     retries: int = 0
     workers: tuple[str, ...] | None = None  # pin to these addresses (overrides role)
     node: str = ""  # the graph node it was lowered from (set by `lower`)
+    phase: str = ""  # its op's phase: rollout | reward | train | sync (set by `lower`)
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,11 @@ class LoweredGraph:
     def keys_of(self, node: str, port: str) -> list[str]:
         return [p.key for p in self.outputs[(node, port)] if isinstance(p, Ref)]
 
+    def input_keys(self, node, port: str) -> list[str]:
+        """Keys of the partitions wired into `node`'s input `port`."""
+        ref = node.inputs[port]
+        return self.keys_of(ref.node, ref.port)
+
 
 def lower(graph, ctx: LowerContext) -> LoweredGraph:
     from rose.graph.ops import get_op
@@ -61,10 +69,11 @@ def lower(graph, ctx: LowerContext) -> LoweredGraph:
         node_tasks, node_outs = op.lower(node, ctx, ins)
         for t in node_tasks:
             t.node = node.name
+            t.phase = op.phase
             t.annotations.setdefault("step", ctx.step)
-            t.annotations.setdefault("weight_version", ctx.weight_version)
+            t.annotations.setdefault(Annotation.VERSION, ctx.weight_version)
             if t.role:
-                t.annotations.setdefault("rose-role", t.role)
+                t.annotations.setdefault(Annotation.ROLE, t.role)
         tasks += node_tasks
         for port in op.outputs:
             outputs[(node.name, port)] = node_outs[port]

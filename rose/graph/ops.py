@@ -1,7 +1,9 @@
-"""The op contract and registry. An op declares typed ports and lowers a node to task specs.
+"""The op contract and registry. An op declares typed ports and its phase, and lowers a node to task specs.
 
 An op never touches Dask: `lower` returns plain `TaskSpec` records (decide), and
-`rose.graph.submit` turns them into Dask tasks (act).
+`rose.graph.submit` turns them into Dask tasks (act). Ops register themselves with `@register_op`
+when their module is imported (the built-in ones in `rose.ops`, imported with the `rose` package);
+this layer imports no op.
 """
 from __future__ import annotations
 
@@ -11,9 +13,14 @@ from rose.graph.node import PortType
 
 _OPS: dict[str, "Op"] = {}
 
+# The phases of an RL step, in order. The runner submits and times a step by phase: rollout and reward
+# tasks go first, the train task when the runner says (asynchronous runs hold it back), then the sync.
+PHASES = ("rollout", "reward", "train", "sync")
+
 
 class Op:
     name: ClassVar[str]
+    phase: ClassVar[str]  # one of PHASES
     inputs: ClassVar[dict[str, PortType]] = {}
     outputs: ClassVar[dict[str, PortType]] = {}
     optional_inputs: ClassVar[frozenset[str]] = frozenset()
@@ -36,16 +43,13 @@ class Op:
 
 
 def register_op(cls: type[Op]) -> type[Op]:
+    if getattr(cls, "phase", None) not in PHASES:
+        raise TypeError(f"op {cls.name!r} declares phase {getattr(cls, 'phase', None)!r}; one of {PHASES}")
     _OPS[cls.name] = cls()
     return cls
 
 
 def get_op(name: str) -> Op:
-    _load_builtin()
     if name not in _OPS:
         raise KeyError(f"unknown op {name!r}; known ops: {sorted(_OPS)}")
     return _OPS[name]
-
-
-def _load_builtin() -> None:
-    import rose.ops.steps  # noqa: F401  (registers prompts, rollout, reward, train, sync)

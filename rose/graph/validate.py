@@ -2,7 +2,8 @@
 
 Checks, in order, each raising `GraphError` that names the node (and port):
 unknown op; unknown input port; input wired to a missing node or a port that node does not have;
-required input not wired; port type mismatch; bad op parameters; cycles.
+required input not wired; port type mismatch; bad op parameters; cycles. `validate_step` adds what
+the runner needs of an RL step graph (one train node, one sync node, rollouts to train on).
 """
 from __future__ import annotations
 
@@ -43,6 +44,25 @@ def validate(graph) -> list:
         except (TypeError, ValueError) as e:
             raise GraphError(f"bad parameters for op {node.op!r}: {e}", node=node.name) from None
     return _topo_order(graph)
+
+
+def validate_step(graph) -> list:
+    """`validate`, plus the shape the runner drives: at least one rollout node, exactly one train node
+    and exactly one sync node (reward nodes: any number, chained). Raises GraphError."""
+    from rose.graph.ops import get_op
+
+    order = validate(graph)
+    by_phase: dict[str, list[str]] = {}
+    for node in order:
+        by_phase.setdefault(get_op(node.op).phase, []).append(node.name)
+    if not by_phase.get("rollout"):
+        raise GraphError("a step graph needs a rollout node", graph=graph.name)
+    for phase in ("train", "sync"):
+        found = by_phase.get(phase, [])
+        if len(found) != 1:
+            raise GraphError(f"a step graph needs exactly one {phase} node, found {len(found)}: {found}",
+                             graph=graph.name, node=(found or [None])[-1])
+    return order
 
 
 def _topo_order(graph) -> list:

@@ -11,7 +11,7 @@ from rose.graph.ops import Op, register_op
 from rose.ops.reward import apply_reward
 from rose.ops.rollout import RolloutSpec, finish_rollout, run_rollout
 from rose.ops.train import sync_weights, train_metrics, train_step
-from rose.plugin import ROLLOUT_KEY_PREFIX
+from rose.runtime.protocol import ROLLOUT_KEY_PREFIX, Annotation
 from rose.runtime.trajectory import TRAJECTORY_SCHEMA
 
 SPECS = PortType("rollout_specs", partitioned=True)
@@ -26,6 +26,7 @@ class PromptsOp(Op):
     """Driver-side source: G samples for each of `num_groups` environment seeds (no task)."""
 
     name = "prompts"
+    phase = "rollout"
     outputs = {"specs": SPECS}
     params = {"env": str, "env_kwargs": dict, "num_groups": int, "group_size": int}
     required_params = frozenset({"env", "num_groups", "group_size"})
@@ -58,6 +59,7 @@ class RolloutOp(Op):
     same key and trajectory ids."""
 
     name = "rollout"
+    phase = "rollout"
     inputs = {"specs": SPECS}
     outputs = {"trajectories": TRAJECTORIES}
     params = {"retries": int}
@@ -71,8 +73,8 @@ class RolloutOp(Op):
             key = ROLLOUT_KEY_PREFIX + task_key(ctx, node, f"g{group_id}")
             # What the placement plugin reads: rollout tasks, their width in sequences, the weight version
             # their engine must hold (synchronous mode: this step's), and the fairness group.
-            annotations = {"rose-role": "rollout", "rose-width": len(specs), "weight_version": ctx.weight_version,
-                           "rose-group": f"{ctx.graph}/{ctx.step}"}
+            annotations = {Annotation.ROLE: "rollout", Annotation.WIDTH: len(specs),
+                           Annotation.VERSION: ctx.weight_version, Annotation.GROUP: f"{ctx.graph}/{ctx.step}"}
             tasks.append(TaskSpec(key, run_rollout, (tuple(specs), key), role="rollout",
                                   retries=node.params.get("retries", 2), annotations=annotations))
             done = TaskSpec(task_key(ctx, node, f"g{group_id}-done"), finish_rollout, (Ref(key), key, annotations))
@@ -87,6 +89,7 @@ class RewardOp(Op):
     """One task per trajectory partition; `fn` follows the reward contract (batch in, floats out)."""
 
     name = "reward"
+    phase = "reward"
     inputs = {"trajectories": TRAJECTORIES}
     outputs = {"trajectories": TRAJECTORIES}
     params = {"fn": (Callable, type(None))}
@@ -106,6 +109,7 @@ class TrainOp(Op):
     """One GRPO update on the trainer worker over all trajectories of the step."""
 
     name = "train"
+    phase = "train"
     inputs = {"trajectories": TRAJECTORIES}
     outputs = {"result": TRAIN_RESULT, "metrics": METRICS}
     params = {"grpo": GRPOConfig}
@@ -113,10 +117,9 @@ class TrainOp(Op):
     def lower(self, node, ctx, inputs):
         cfg = node.params.get("grpo", GRPOConfig())
         key = task_key(ctx, node)
-        # rose-trains: the placement plugin keeps rollouts off workers colocated with the trainer meanwhile;
-        # the runner may give the task so annotated a `publish_after_sync` argument (asynchronous mode).
+        # The placement plugin keeps rollouts off workers colocated with the trainer while it runs.
         train = TaskSpec(key, train_step, (cfg, *inputs["trajectories"]), role="trainer",
-                         annotations={"rose-trains": True})
+                         annotations={Annotation.TRAINS: True})
         metrics = TaskSpec(f"{key}-metrics", train_metrics, (Ref(key),), role="trainer")
         return [train, metrics], {"result": [Ref(key)], "metrics": [Ref(metrics.key)]}
 
@@ -127,6 +130,7 @@ class SyncOp(Op):
     to every rollout worker (`rose.runtime.weights`); its status lists each worker's new version."""
 
     name = "sync"
+    phase = "sync"
     inputs = {"result": TRAIN_RESULT}
     outputs = {"status": SYNC_STATUS}
 
@@ -134,5 +138,5 @@ class SyncOp(Op):
         (result,) = inputs["result"]
         key = task_key(ctx, node)
         task = TaskSpec(key, sync_weights, (result, tuple(ctx.rollout_workers)), role="trainer",
-                        annotations={"weight_version": ctx.weight_version + 1})
+                        annotations={Annotation.VERSION: ctx.weight_version + 1})
         return [task], {"status": [Ref(key)]}

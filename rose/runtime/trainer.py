@@ -40,13 +40,6 @@ class Trainer:
         self.opt: torch.optim.Optimizer | None = None
         self.pad_id = self.model.config.pad_token_id or 0
 
-    def logprobs(self, table: pa.Table) -> tuple[torch.Tensor, torch.Tensor]:
-        """Recompute per-token log-probs at the current weights -> ((B, T) lp, (B, T) ids)."""
-        ids = _pad(*flat_tokens(table, "token_ids"), self.pad_id, torch.long)
-        with torch.no_grad():
-            logits = self.model(input_ids=ids).logits
-        return token_logprobs(logits, ids, self.temperature), ids
-
     def step(self, table: pa.Table, cfg: GRPOConfig) -> dict:
         """One GRPO update on the trajectories in `table` (failed ones are skipped). Returns metrics."""
         t0 = time.perf_counter()

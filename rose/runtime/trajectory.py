@@ -42,9 +42,6 @@ TRAJECTORY_SCHEMA = pa.schema(
     metadata={b"rose.trajectory.schema_version": str(SCHEMA_VERSION).encode()},
 )
 
-FINISH_REASONS = ("done", "max_turns", "length", "failed")
-
-
 @dataclass
 class Trajectory:
     """A trajectory being built by the agent loop (mutable; becomes one Arrow row)."""

@@ -4,20 +4,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rose.errors import GraphError
-from rose.graph import Graph, LowerContext, lower
+from rose.graph import PHASES, Graph, LowerContext, Op, get_op, lower, register_op
+from rose.graph import rl_step as rose_rl_step
 from rose.graph.node import PortRef
 
 
 def rl_step(name="g", num_groups=2, group_size=2, chain_rewards=1):
-    g = Graph(name)
-    specs = g.add("prompts", "prompts", env="guess", num_groups=num_groups, group_size=group_size)
-    traj = g.add("rollout", "rollout", inputs={"specs": specs.out("specs")})
-    src = traj
-    for i in range(chain_rewards):  # several reward stages in a chain are valid too
-        src = g.add(f"reward{i}", "reward", inputs={"trajectories": src.out("trajectories")})
-    train = g.add("train", "train", inputs={"trajectories": src.out("trajectories")})
-    g.add("sync", "sync", inputs={"result": train.out("result")})
-    return g
+    # several reward stages in a chain (nodes reward0, reward1, ...) are valid too
+    return rose_rl_step(name, "guess", num_groups, group_size, reward=[None] * chain_rewards)
 
 
 graph_shapes = st.tuples(st.integers(1, 4), st.integers(1, 4), st.integers(1, 3))
@@ -120,3 +114,41 @@ def test_lowering_fans_out_and_annotates():
     for s in specs:
         by_group.setdefault(s.group_id, set()).add(s.env_seed)
     assert all(len(v) == 1 for v in by_group.values())
+
+
+@given(st.integers(0, 3))
+@settings(max_examples=8, deadline=None)
+def test_step_graphs_with_any_reward_chain_pass_what_the_runner_checks(chain):
+    g = rl_step("g", chain_rewards=chain)
+    assert [n.name for n in g.validate_step()][-2:] == ["train", "sync"]
+    low = lower(g, LowerContext(step=0, weight_version=0, graph="g"))
+    # the runner groups tasks by their op's phase, whatever the nodes are called
+    assert {t.phase for t in low.tasks} == {"rollout", "train", "sync"} | ({"reward"} if chain else set())
+    assert all(t.phase == get_op(g.nodes[t.node].op).phase for t in low.tasks)
+    # the step's trajectories are what its train node takes in: the last reward's (or the rollouts')
+    assert low.input_keys(g.nodes["train"], "trajectories") == \
+        low.keys_of(f"reward{chain - 1}" if chain else "rollout", "trajectories")
+
+
+def test_step_validation_names_what_the_runner_needs():
+    g = rl_step()
+    g.add("train2", "train", inputs={"trajectories": PortRef("reward0", "trajectories")})
+    g.validate()  # a valid graph ...
+    with pytest.raises(GraphError, match=r"exactly one train node, found 2: \['train', 'train2'\]"):
+        g.validate_step()  # ... but not one step the runner can drive
+    g = rl_step()
+    del g.nodes["sync"]
+    with pytest.raises(GraphError, match="exactly one sync node, found 0"):
+        g.validate_step()
+
+
+def test_ops_declare_a_phase():
+    assert all(get_op(name).phase in PHASES for name in ("prompts", "rollout", "reward", "train", "sync"))
+
+    class NoPhase(Op):
+        name = "no-phase"
+
+    with pytest.raises(TypeError, match="declares phase None"):
+        register_op(NoPhase)
+    with pytest.raises(KeyError, match="unknown op 'no-phase'"):
+        get_op("no-phase")

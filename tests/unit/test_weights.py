@@ -233,9 +233,7 @@ def test_publishing_from_device_tensors_matches_the_cpu():
     bumped = {k: v + 1e-3 for k, v in dev.items()}
     for k in dev:
         a, b = dev[k].bfloat16(), bumped[k].bfloat16()
-        idx, vals = delta.sparse_diff(a, b)
-        assert delta.changed_fraction(a, b) == pytest.approx(idx.numel() / a.numel())
-        assert torch.equal(b.reshape(-1)[idx], vals) and idx.device.type == "cuda"
+        assert delta.changed_fraction(a, b) == delta.changed_fraction(a.cpu(), b.cpu())
 
 
 def test_a_publish_waits_for_the_sync_of_the_version_before_and_fails_with_it():

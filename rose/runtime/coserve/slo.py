@@ -1,4 +1,4 @@
-"""The co-serving executor's decisions, as a pure function of a snapshot (DESIGN.md §5).
+"""The co-serving executor's decisions, as a pure function of a snapshot.
 
 One executor steps two engines on one device, alternately: the serving engine every iteration,
 then the rollout engine if the plan says so. A serving request therefore sees, between two of its

@@ -135,10 +135,3 @@ def changed_fraction(old: torch.Tensor, new: torch.Tensor) -> float:
     iview = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[old.element_size()]
     return float((old.view(iview) != new.view(iview)).float().mean())
 
-
-def sparse_diff(old: torch.Tensor, new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(flat indices, new values) where `new` differs from `old` bit for bit, on their device."""
-    iview = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[old.element_size()]
-    idx = torch.nonzero(old.reshape(-1).view(iview) != new.reshape(-1).view(iview)).reshape(-1)
-    return idx, new.reshape(-1)[idx]
-

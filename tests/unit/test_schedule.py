@@ -1,0 +1,55 @@
+"""The run's action order, in both modes, as plain lists."""
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rose.schedule import Action, plan_run
+
+
+def _at(plan, kind, step):
+    return plan.index(Action(kind, step))
+
+
+def test_synchronous_steps_do_not_overlap():
+    plan = plan_run(3, 0)
+    assert [(a.kind, a.step) for a in plan[:5]] == [("start", 0), ("train", 0), ("sync", 0), ("wait", 0),
+                                                     ("finish", 0)]
+    for k in range(1, 3):
+        assert _at(plan, "finish", k - 1) < _at(plan, "start", k)
+
+
+def test_asynchronous_next_rollouts_overlap_training():
+    plan = plan_run(3, 1)
+    # step 1's rollouts start once step 0's train task is submitted, before step 0's sync
+    assert _at(plan, "train", 0) < _at(plan, "start", 1) < _at(plan, "sync", 0)
+    # step 0's sync waits for step 1's rollouts; step 1 trains after it is submitted
+    assert _at(plan, "wait", 1) < _at(plan, "sync", 0) < _at(plan, "train", 1)
+    # one step ahead, never two: step 2 starts only after step 0 is finished
+    assert _at(plan, "finish", 0) < _at(plan, "start", 2)
+    assert plan[-2:] == [Action("sync", 2), Action("finish", 2)]
+
+
+@given(st.integers(1, 12), st.sampled_from([0, 1]))
+def test_every_step_runs_each_action_once_in_order(steps, staleness):
+    plan = plan_run(steps, staleness)
+    assert len(plan) == len(set(plan)) == 5 * steps
+    for k in range(steps):
+        assert _at(plan, "start", k) < _at(plan, "wait", k) < _at(plan, "finish", k)
+        assert _at(plan, "start", k) < _at(plan, "train", k) < _at(plan, "sync", k) < _at(plan, "finish", k)
+        if k:  # steps finish in order, and a step trains on the weights of the one before at most one back
+            assert _at(plan, "finish", k - 1) < _at(plan, "finish", k)
+            assert _at(plan, "sync", k - 1) < _at(plan, "train", k)
+        # the rollouts of step k run on the weights of every step that finished before it started:
+        # at least k - 1 - staleness of them (bounded staleness)
+        finished_before = sum(_at(plan, "finish", j) < _at(plan, "start", k) for j in range(k))
+        assert finished_before == max(0, k - staleness)
+        # weights never change under running rollouts: no sync is submitted between a start and its wait
+        between = plan[_at(plan, "start", k):_at(plan, "wait", k)]
+        assert not [a for a in between if a.kind == "sync" and a.step != k]
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="staleness=2"):
+        plan_run(3, 2)
+    with pytest.raises(ValueError, match="steps=0"):
+        plan_run(0, 0)
