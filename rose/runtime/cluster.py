@@ -15,6 +15,7 @@ from distributed.core import Status
 from tornado.ioloop import PeriodicCallback
 
 from rose.config import ClusterConfig, EngineConfig
+from rose.runtime.engine.vllm_engine import cpu_kvcache_space_gib
 from rose.runtime.placement.elastic import elastic_target
 
 logger = logging.getLogger("rose.cluster")
@@ -45,7 +46,7 @@ def _worker_spec(role: str, cores: tuple[int, ...], nthreads: int, engine: Engin
     env = {
         "OMP_NUM_THREADS": str(len(cores)),
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-        "VLLM_CPU_KVCACHE_SPACE": str(max(1, round(engine.kv_cache_gib))),
+        "VLLM_CPU_KVCACHE_SPACE": str(cpu_kvcache_space_gib(engine)),
         "HF_HUB_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",
     }

@@ -85,9 +85,9 @@ def test_new_engines_are_warmed_up_before_any_step_is_measured():
             super().__init__()
             self.requests = []
 
-        def add_request(self, request_id, prompt_token_ids, spec, priority=0):
+        def add_request(self, request_id, prompt_token_ids, spec):
             self.requests.append(request_id)
-            super().add_request(request_id, prompt_token_ids, spec, priority)
+            super().add_request(request_id, prompt_token_ids, spec)
 
     serving, later = Counting(), Counting()
     ctl = SloController(SloConfig(ttft_ms=1000, tpot_ms=1000))

@@ -1,4 +1,4 @@
-"""The co-serving executor: a serving engine and a rollout engine stepped by one thread (DESIGN.md §5).
+"""The co-serving executor: a serving engine and a rollout engine stepped by one thread.
 
 Every iteration it asks the `SloController` for a plan and applies it: preempt the rollout sequences
 the plan names (abort them in the engine, keep their tokens), admit the ones it allows, step the
@@ -6,75 +6,41 @@ serving engine, then the rollout engine if the plan says so. Each step's measure
 controller's latency model. A preempted rollout sequence later resumes from its prompt plus the
 tokens it had, as a new engine request for what is left; its caller sees one `Generation`.
 
-Rollout callers use the `EngineLoop` surface (`generate`, `load_weights`, `weight_version`), so the
-agent loop runs unchanged on a serving worker. Weight loads reach the rollout engine only: the
-serving model is never a sync target.
+Rollout callers see a `RolloutEngine`, as on a dedicated worker, so the agent loop runs unchanged on
+a serving worker. Weight loads reach the rollout engine only: the serving model is never a sync target.
 """
 from __future__ import annotations
 
 import itertools
 import logging
-import queue
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from rose.errors import EngineError
+from rose.runtime.coserve.serving_request import ServingRequest
 from rose.runtime.coserve.slo import RolloutSeq, RolloutView, ServingView, SloController
 from rose.runtime.engine.base import Engine, SamplingSpec
-from rose.runtime.engine.loop import Generation
+from rose.runtime.engine.pending import PendingRollout, absorb, fail
 from rose.runtime.engine.thread import CommandThread, build
 
 logger = logging.getLogger("rose.coserve")
 
 
-@dataclass
-class _Rollout:
-    rid: str
+@dataclass(kw_only=True)
+class _Rollout(PendingRollout):
+    """A rollout request across its engine requests: one, plus one per resume after a preemption."""
+
     prompt: list[int]
     spec: SamplingSpec
-    future: Future
-    gen: Generation = field(default_factory=Generation)
-    t_submit: float = field(default_factory=time.perf_counter)
     segment: int = 0  # engine requests made so far (1 + times resumed)
-    admitted_at: float = 0.0
+    admitted_at: float = 0.0  # perf_counter seconds
     engine_id: str | None = None  # id of the live engine request, None while waiting
 
     @property
     def context(self) -> list[int]:
         return self.prompt + self.gen.token_ids
-
-
-@dataclass
-class ServingRequest:
-    """One online request. `deltas` yields (new token ids, finished, finish reason) as they come."""
-
-    request_id: str
-    prompt_tokens: int
-    t_arrival: float = field(default_factory=time.perf_counter)
-    t_first: float | None = None  # first token, perf_counter seconds
-    t_done: float | None = None
-    tokens: int = 0
-    deltas: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
-    # Called on the executor's thread with each (token ids, finished, reason) instead of queueing
-    # it in `deltas` (the HTTP front end hands them to its event loop).
-    on_delta: Callable | None = None
-
-    def collect(self, timeout: float | None = None) -> tuple[list[int], str | None]:
-        """Block until the request finishes (when it has no `on_delta`): (all tokens, finish reason)."""
-        tokens: list[int] = []
-        while True:
-            new, done, reason = self.deltas.get(timeout=timeout)
-            tokens += new
-            if done:
-                return tokens, reason
-
-    def emit(self, token_ids: list[int], finished: bool, reason: str | None) -> None:
-        if self.on_delta is not None:
-            self.on_delta(token_ids, finished, reason)
-        else:
-            self.deltas.put((token_ids, finished, reason))
 
 
 def _warmed(engine: Engine | None) -> Engine | None:
@@ -92,6 +58,8 @@ def _warmed(engine: Engine | None) -> Engine | None:
 
 
 class CoServingExecutor(CommandThread):
+    """A `RolloutEngine` that also serves online requests (`serve`). Thread-safe: call from any thread."""
+
     def __init__(self, serving: Engine | Callable[[], Engine], rollout: Engine | Callable[[], Engine] | None,
                  controller: SloController, cores: tuple[int, ...] | None = None, name: str = "rose-coserve"):
         """Engines (or functions that build them, run on the executor's thread). `rollout` may come
@@ -103,7 +71,7 @@ class CoServingExecutor(CommandThread):
         self._ids = itertools.count()
         self._serving_reqs: dict[str, ServingRequest] = {}  # loop thread only
         self._waiting: list[_Rollout] = []  # not in the engine: new or preempted, in order
-        self._running: dict[str, _Rollout] = {}  # by engine request id
+        self._running: dict[str, _Rollout] = {}  # in the engine, by engine request id
         self._asleep = False  # the rollout engine gave its device memory back (GPU co-serving)
         self._last_serving_step: tuple[float, float, float] | None = None  # (start, serving ms, rollout ms)
         # Counters (written by the loop thread): iterations, preemptions, tokens by kind.
@@ -116,10 +84,10 @@ class CoServingExecutor(CommandThread):
         self._start(name, cores)
 
     # ---------------------------------------------------------------- any thread
-    def generate(self, prompt_token_ids: list[int], spec: SamplingSpec, request_id: str | None = None,
-                 priority: int = 0) -> Future:
+    def generate(self, prompt_token_ids: list[int], spec: SamplingSpec, request_id: str | None = None) -> Future:
         """Rollout work: resolves to a `Generation`, however often it was preempted on the way."""
-        r = _Rollout(f"{request_id or 'rollout'}#{next(self._ids)}", list(prompt_token_ids), spec, Future())
+        r = _Rollout(f"{request_id or 'rollout'}#{next(self._ids)}", Future(), prompt=list(prompt_token_ids),
+                     spec=spec)
         self._command("rollout", r)
         return r.future
 
@@ -141,13 +109,6 @@ class CoServingExecutor(CommandThread):
         return fut
 
     @property
-    def spare_slots(self) -> int:
-        """Rollout sequences this device could take now under its caps (published to the scheduler)."""
-        if self.rollout is None:
-            return 0
-        return max(0, self.controller.caps.max_seqs - len(self._running) - len(self._waiting))
-
-    @property
     def rollout_capacity(self) -> int:
         """Rollout sequences this device can run next to its recent serving load inside the SLO (the
         slots it reports to the scheduler; 0 without a rollout engine or while it sleeps)."""
@@ -166,6 +127,9 @@ class CoServingExecutor(CommandThread):
     def weight_version(self) -> int:
         return self.rollout.weight_version if self.rollout is not None else -1
 
+    def counters(self) -> dict[str, float]:
+        return dict(self.stats)
+
     # ---------------------------------------------------------------- loop thread
     def _build(self) -> None:
         s, r = self._factories
@@ -179,8 +143,7 @@ class CoServingExecutor(CommandThread):
         self._iterate()
 
     def _closing(self) -> None:
-        for r in list(self._running.values()) + self._waiting:
-            r.future.set_exception(EngineError("co-serving executor closed with the request unfinished"))
+        fail([*self._running.values(), *self._waiting], "co-serving executor closed with the request unfinished")
 
     def _apply(self, kind, payload) -> bool:
         if kind == "rollout":
@@ -229,7 +192,7 @@ class CoServingExecutor(CommandThread):
             kv_usage=self.serving.kv_usage())
         rollout = RolloutView(
             running=tuple(RolloutSeq(eid, len(r.context), r.admitted_at) for eid, r in self._running.items()),
-            waiting=tuple(RolloutSeq(r.rid, len(r.context)) for r in self._waiting),
+            waiting=tuple(RolloutSeq(r.request_id, len(r.context)) for r in self._waiting),
             can_sleep=bool(getattr(self.rollout, "can_sleep", False)), asleep=self._asleep)
         return serving, rollout
 
@@ -254,7 +217,7 @@ class CoServingExecutor(CommandThread):
             admit = set(plan.rollout_admit)
             keep = []
             for r in self._waiting:
-                if r.rid in admit:
+                if r.request_id in admit:
                     self._admit(r, now)
                 else:
                     keep.append(r)
@@ -277,10 +240,10 @@ class CoServingExecutor(CommandThread):
     def _admit(self, r: _Rollout, now: float) -> None:
         left = r.spec.max_tokens - len(r.gen.token_ids)
         if left <= 0:
-            self._finish(r, "length")
+            r.finish("length", time.perf_counter())
             return
         r.segment += 1
-        eid = f"{r.rid}~{r.segment}"
+        eid = f"{r.request_id}~{r.segment}"
         spec = replace(r.spec, max_tokens=left,
                        seed=None if r.spec.seed is None else r.spec.seed + r.segment - 1)
         try:
@@ -316,23 +279,5 @@ class CoServingExecutor(CommandThread):
         t1 = time.perf_counter()
         self.controller.rollout_model.observe(planned_tokens, (t1 - t0) * 1e3)
         self.stats["rollout_steps"] += 1
-        version = self.rollout.weight_version
-        for o in outs:
-            r = self._running.get(o.request_id)
-            if r is None:
-                continue
-            if o.error is not None:
-                del self._running[o.request_id]
-                r.future.set_exception(EngineError(o.error, request_id=r.rid))
-                continue
-            r.gen.absorb(o, version, t1, r.t_submit)
-            self.stats["rollout_tokens"] += len(o.token_ids)
-            if o.finished:
-                del self._running[o.request_id]
-                self._finish(r, o.finish_reason)
+        self.stats["rollout_tokens"] += absorb(self._running, outs, self.rollout.weight_version, t1)
         return (t1 - t0) * 1e3
-
-    def _finish(self, r: _Rollout, reason: str | None) -> None:
-        r.gen.finish_reason = reason
-        r.gen.total_s = time.perf_counter() - r.t_submit
-        r.future.set_result(r.gen)

@@ -1,11 +1,15 @@
-"""The `Engine` protocol: the one surface of an inference engine that ROSE uses.
+"""The engine surfaces ROSE uses: `Engine`, one inference engine, and `RolloutEngine`, where rollout
+tasks send their policy turns.
 
-The engine loop, the rollout op and (later) the co-serving executor see only this protocol.
-`VllmEngine` is the real implementation; `FakeEngine` exists for pure-logic unit tests only.
+An `Engine` is stepped by the one thread that owns it: the engine loop on a dedicated worker, the
+co-serving executor on a serving worker; both see only this protocol. `VllmEngine` is the real
+implementation; `FakeEngine` exists for pure-logic unit tests only. Both owners are `RolloutEngine`s,
+the only surface the rollout op sees, so the agent loop runs unchanged on either kind of worker.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from concurrent.futures import Future
+from dataclasses import dataclass, field
 from typing import Iterable, Protocol, runtime_checkable
 
 
@@ -32,6 +36,18 @@ class EngineOutput:
     error: str | None = None  # the engine failed this request (finished is then True)
 
 
+@dataclass
+class Generation:
+    """The result of one rollout request: the new tokens with their behaviour log-probs and versions."""
+
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    weight_versions: list[int] = field(default_factory=list)  # engine weight version per token
+    finish_reason: str | None = None  # stop | length | abort
+    queue_s: float = 0.0  # submit -> first token, seconds
+    total_s: float = 0.0  # submit -> finished, seconds
+
+
 @runtime_checkable
 class Engine(Protocol):
     max_model_len: int  # prompt + generated tokens at most
@@ -40,8 +56,7 @@ class Engine(Protocol):
     def weight_version(self) -> int:
         """Version of the weights loaded now (0 = the initial checkpoint)."""
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int], spec: SamplingSpec,
-                    priority: int = 0) -> None:
+    def add_request(self, request_id: str, prompt_token_ids: list[int], spec: SamplingSpec) -> None:
         """Queue a request; raises PromptTooLongError if it cannot fit the context."""
 
     def step(self) -> list[EngineOutput]:
@@ -58,3 +73,29 @@ class Engine(Protocol):
 
     def load_weights(self, named_tensors: dict, version: int) -> None:
         """Replace all weights in place and set `weight_version`; only between iterations."""
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """A rollout engine behind its owning thread (`EngineLoop`, `CoServingExecutor`). Thread-safe; no
+    call blocks."""
+
+    @property
+    def weight_version(self) -> int:
+        """Version of the rollout weights loaded now (-1: no rollout engine yet)."""
+
+    def generate(self, prompt_token_ids: list[int], spec: SamplingSpec,
+                 request_id: str | None = None) -> Future[Generation]:
+        """Queue one request; resolves to its `Generation`, or raises (prompt too long, engine error)."""
+
+    def load_weights(self, named_tensors: dict, version: int) -> Future[int]:
+        """Swap the rollout weights between two iterations once no rollout request is in flight (the
+        tokens of each keep one version; requests queued after the swap wait for it); resolves to
+        `version` once the engine holds it."""
+
+    def counters(self) -> dict[str, float]:
+        """Counters since start, read by reports and benchmarks: at least `rollout_steps` (rollout
+        engine iterations) and `rollout_tokens` (tokens generated for rollout requests)."""
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop the owning thread; requests still unfinished fail with EngineError."""

@@ -23,7 +23,7 @@ class FakeEngine:
     def weight_version(self) -> int:
         return self._version
 
-    def add_request(self, request_id, prompt_token_ids, spec, priority=0):
+    def add_request(self, request_id, prompt_token_ids, spec):
         if len(prompt_token_ids) >= self.max_model_len:
             raise PromptTooLongError(f"prompt of {len(prompt_token_ids)} tokens does not fit "
                                      f"max_model_len={self.max_model_len}", request_id=request_id)

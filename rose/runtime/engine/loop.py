@@ -12,45 +12,17 @@ import itertools
 import logging
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from typing import Callable
 
-from rose.errors import EngineError
 from rose.runtime.engine.base import Engine, SamplingSpec
+from rose.runtime.engine.pending import PendingRollout, absorb, fail
 from rose.runtime.engine.thread import CommandThread, build
 
 logger = logging.getLogger("rose.engine")
 
 
-@dataclass
-class Generation:
-    """The result of one request: the new tokens with their behaviour log-probs and versions."""
-
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    weight_versions: list[int] = field(default_factory=list)  # engine weight version per token
-    finish_reason: str | None = None  # stop | length | abort
-    queue_s: float = 0.0  # submit -> first token
-    total_s: float = 0.0  # submit -> finished
-
-    def absorb(self, out, version: int, now: float, t_submit: float) -> None:
-        """Append one engine iteration's new tokens (an EngineOutput) made at weights `version`."""
-        if out.token_ids and not self.token_ids:
-            self.queue_s = now - t_submit
-        self.token_ids += out.token_ids
-        self.logprobs += out.logprobs
-        self.weight_versions += [version] * len(out.token_ids)
-
-
-@dataclass
-class _Pending:
-    future: Future
-    gen: Generation
-    t_submit: float
-
-
 class EngineLoop(CommandThread):
-    """Steps `engine` on a daemon thread. Thread-safe: call from any thread."""
+    """Steps `engine` on a daemon thread: a `RolloutEngine`. Thread-safe: call from any thread."""
 
     def __init__(self, engine: Engine | Callable[[], Engine], name: str = "rose-engine-loop",
                  cores: tuple[int, ...] | None = None):
@@ -59,20 +31,19 @@ class EngineLoop(CommandThread):
         apply to the thread that runs its kernels."""
         self._engine_or_factory = engine
         self.engine: Engine | None = None
-        self._pending: dict[str, _Pending] = {}  # owned by the loop thread
+        self._pending: dict[str, PendingRollout] = {}  # by engine request id; owned by the loop thread
         self._ids = itertools.count()
-        # Counters read by reports and benchmarks (written by the loop thread only).
-        self.iterations = 0
-        self.generated_tokens = 0
+        # Counters (written by the loop thread only).
+        self.iterations = 0  # engine steps
+        self.rollout_tokens = 0  # tokens generated
         self.busy_s = 0.0  # seconds spent inside engine.step()
         self._start(name, cores)
 
     # ---------------------------------------------------------------- public API (any thread)
-    def generate(self, prompt_token_ids: list[int], spec: SamplingSpec, request_id: str | None = None,
-                 priority: int = 0) -> Future:
+    def generate(self, prompt_token_ids: list[int], spec: SamplingSpec, request_id: str | None = None) -> Future:
         """Queue one request; the future resolves to a `Generation` (or raises, e.g. prompt too long)."""
         rid = f"{request_id or 'req'}#{next(self._ids)}"  # unique even when a caller retries an id
-        return self._submit("add", (rid, list(prompt_token_ids), spec, priority))
+        return self._submit("add", (rid, list(prompt_token_ids), spec))
 
     def load_weights(self, named_tensors: dict, version: int) -> Future:
         """Swap all weights between two iterations, once the requests in flight have finished (their
@@ -83,6 +54,9 @@ class EngineLoop(CommandThread):
     @property
     def weight_version(self) -> int:
         return self.engine.weight_version
+
+    def counters(self) -> dict[str, float]:
+        return {"rollout_steps": self.iterations, "rollout_tokens": self.rollout_tokens, "busy_s": self.busy_s}
 
     def _submit(self, kind: str, payload) -> Future:
         fut: Future = Future()
@@ -100,8 +74,7 @@ class EngineLoop(CommandThread):
         self._step()
 
     def _closing(self) -> None:
-        for p in self._pending.values():
-            p.future.set_exception(EngineError("engine loop closed with the request unfinished"))
+        fail(self._pending.values(), "engine loop closed with the request unfinished")
         self._pending.clear()
 
     def _apply(self, kind: str, payload) -> bool:
@@ -111,9 +84,9 @@ class EngineLoop(CommandThread):
             return False
         try:
             if kind == "add":
-                rid, prompt, spec, priority = payload
-                self.engine.add_request(rid, prompt, spec, priority)
-                self._pending[rid] = _Pending(fut, Generation(), time.perf_counter())
+                rid, prompt, spec = payload
+                self.engine.add_request(rid, prompt, spec)
+                self._pending[rid] = PendingRollout(rid, fut)
             elif kind == "load":
                 named, version = payload
                 self.engine.load_weights(named, version)
@@ -128,28 +101,11 @@ class EngineLoop(CommandThread):
             outputs = self.engine.step()
         except Exception as e:
             logger.exception("engine step failed; failing %d requests", len(self._pending))
-            for rid, p in self._pending.items():
-                p.future.set_exception(EngineError(f"engine step failed: {e}", request_id=rid))
+            fail(self._pending.values(), f"engine step failed: {e}")
             self.engine.abort(list(self._pending))
             self._pending.clear()
             return
         now = time.perf_counter()
         self.busy_s += now - t0
         self.iterations += 1
-        version = self.engine.weight_version
-        for out in outputs:
-            p = self._pending.get(out.request_id)
-            if p is None:
-                continue
-            if out.error is not None:
-                del self._pending[out.request_id]
-                p.future.set_exception(EngineError(out.error, request_id=out.request_id))
-                continue
-            g = p.gen
-            g.absorb(out, version, now, p.t_submit)
-            self.generated_tokens += len(out.token_ids)
-            if out.finished:
-                g.finish_reason = out.finish_reason
-                g.total_s = now - p.t_submit
-                del self._pending[out.request_id]
-                p.future.set_result(g)
+        self.rollout_tokens += absorb(self._pending, outputs, self.engine.weight_version, now)

