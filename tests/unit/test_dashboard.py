@@ -1,5 +1,5 @@
 """The dashboard's SLO attainment series, from the plugin's cumulative history samples."""
-from rose.dashboard import _attainment_series
+from rose.runtime.scheduler.dashboard import _attainment_series
 
 
 def test_attainment_windows_from_cumulative_counts():

@@ -1,4 +1,4 @@
-"""Rollout placement: pure decisions (`policy`, `elastic`) that `rose.plugin` acts on."""
+"""Rollout placement: pure decisions (`policy`, `elastic`) that `rose.runtime.scheduler` acts on."""
 from rose.runtime.placement.policy import (
                                            POLICIES,
                                            Assignment,

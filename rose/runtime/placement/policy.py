@@ -1,7 +1,8 @@
 """Where waiting rollout tasks go: a pure function of a snapshot (no I/O, no clock, no Dask).
 
-`rose.plugin` builds a `ClusterView` from what workers report and what the scheduler has in flight,
-calls `place`, and acts on the assignments. The simulator and the tests call `place` directly.
+The scheduler's placement book (`rose.runtime.scheduler.book`) builds `WorkerSlot`s from what workers
+report and what the scheduler has in flight, calls `place`, and the plugin acts on the assignments;
+the tests call `place` directly.
 
 Capacity is counted in rollout sequences (trajectories), not tasks: a task is a GRPO group of
 `width` trajectories, and a serving worker's spare capacity is what its co-serving executor can
@@ -150,7 +151,7 @@ class InFlight:
 
     key: str
     width: int
-    placed_at: float  # the plugin's monotonic time of dispatch; the newest is shed first
+    placed_at: float  # when it started on its worker (s, the plugin's clock); the newest is shed first
 
 
 def plan_shed(running: Sequence[InFlight], slots: int) -> list[str]:

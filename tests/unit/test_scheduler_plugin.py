@@ -4,8 +4,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from rose.plugin import RoseScheduler
-from rose.runtime.placement import RolloutTask
+from rose.runtime.placement import InFlight, RolloutTask
+from rose.runtime.scheduler.plugin import RoseScheduler
 
 
 def test_unknown_policy_is_refused():
@@ -16,8 +16,8 @@ def test_unknown_policy_is_refused():
 def test_a_failing_hook_is_logged_and_counted_not_raised(caplog):
     plugin = RoseScheduler()
     plugin.scheduler = SimpleNamespace(tasks={}, workers={}, loop=None)
-    plugin.tasks["rose-rollout-x"] = RolloutTask("rose-rollout-x", 8)
-    with caplog.at_level(logging.WARNING, logger="rose.plugin"):
+    plugin.book.tasks["rose-rollout-x"] = RolloutTask("rose-rollout-x", 8)
+    with caplog.at_level(logging.WARNING, logger="rose.scheduler"):
         # the scheduler has no such task: the hook fails inside
         plugin.transition("rose-rollout-x", "no-worker", "processing", stimulus_id="t")
     assert plugin.errors == 1 and "transition" in plugin.last_error and "KeyError" in plugin.last_error
@@ -26,12 +26,20 @@ def test_a_failing_hook_is_logged_and_counted_not_raised(caplog):
 
 def test_reports_of_unknown_roles_are_refused(caplog):
     plugin = RoseScheduler()
-    plugin.scheduler = SimpleNamespace(tasks={}, workers={"tcp://w": object()}, loop=None)
-    with caplog.at_level(logging.ERROR, logger="rose.plugin"):
+    plugin.scheduler = SimpleNamespace(tasks={}, workers={"tcp://w": object()}, running=set(), loop=None)
+    with caplog.at_level(logging.ERROR, logger="rose.scheduler"):
         plugin.log_event("rose-capacity", {"worker": "tcp://w", "role": "gpu", "slots": 4})
-    assert "unknown role 'gpu'" in plugin.refused["tcp://w"] and "tcp://w" not in plugin.workers
+    assert "unknown role 'gpu'" in plugin.book.refused["tcp://w"] and "tcp://w" not in plugin.book.workers
     assert plugin.errors == 0
     assert any("refusing worker tcp://w" in r.getMessage() for r in caplog.records)
+
+
+def test_a_report_without_a_role_is_refused_not_counted_as_an_error():
+    plugin = RoseScheduler()
+    plugin.scheduler = SimpleNamespace(tasks={}, workers={"tcp://w": object()}, loop=None)
+    plugin.log_event("rose-capacity", {"worker": "tcp://w", "slots": 4})
+    assert "malformed report" in plugin.book.refused["tcp://w"] and "needs a 'role'" in plugin.book.refused["tcp://w"]
+    assert "tcp://w" not in plugin.book.workers and plugin.errors == 0
 
 
 def _plugin_with_workers(sent: list):
@@ -46,24 +54,26 @@ def _plugin_with_workers(sent: list):
     return plugin
 
 
-def test_a_colocated_worker_yields_to_a_running_train_step_and_gets_its_slots_back():
-    from rose.runtime.placement import InFlight
+def _slot(plugin, addr):
+    return plugin.book.slot(addr, plugin.running())
 
+
+def test_a_colocated_worker_yields_to_a_running_train_step_and_gets_its_slots_back():
     sent = []
     plugin = _plugin_with_workers(sent)
-    plugin.inflight["tcp://d"]["rose-rollout-a"] = InFlight("rose-rollout-a", 8, 1.0)
-    plugin.inflight["tcp://s"]["rose-rollout-b"] = InFlight("rose-rollout-b", 8, 1.0)
+    plugin.book.inflight["tcp://d"]["rose-rollout-a"] = InFlight("rose-rollout-a", 8, 1.0)
+    plugin.book.inflight["tcp://s"]["rose-rollout-b"] = InFlight("rose-rollout-b", 8, 1.0)
     plugin.update_graph(plugin.scheduler, tasks=["g-train-s1"], annotations={"rose-trains": {"g-train-s1": True}})
-    assert plugin.slot("tcp://d").slots == 16  # submitted, not yet running: no effect
+    assert _slot(plugin, "tcp://d").slots == 16  # submitted, not yet running: no effect
 
     plugin.transition("g-train-s1", "waiting", "processing", stimulus_id="t")
-    assert plugin.slot("tcp://d").slots == 0 and plugin.slot("tcp://s").slots == 16
+    assert _slot(plugin, "tcp://d").slots == 0 and _slot(plugin, "tcp://s").slots == 16
     # what the colocated worker runs is shed at once, without waiting out shed_after_s; nothing else is
     assert sent == [("tcp://d", {"op": "rose-shed", "keys": ["rose-rollout-a"]})]
     assert plugin.state()["training"] == ["g-train-s1"]
 
     plugin.transition("g-train-s1", "processing", "memory", stimulus_id="t")
-    assert plugin.slot("tcp://d").slots == 16 and plugin.state()["training"] == []
+    assert _slot(plugin, "tcp://d").slots == 16 and plugin.state()["training"] == []
     plugin.transition("g-train-s1", "memory", "forgotten", stimulus_id="t")
     assert not plugin.train_keys and plugin.errors == 0
 
@@ -71,7 +81,8 @@ def test_a_colocated_worker_yields_to_a_running_train_step_and_gets_its_slots_ba
 def test_without_colocation_a_train_step_changes_nothing():
     sent = []
     plugin = _plugin_with_workers(sent)
-    plugin.workers["tcp://d"]["colocated"] = False
+    plugin.log_event("rose-capacity", {"worker": "tcp://d", "role": "dedicated", "slots": 16, "colocated": False,
+                                       "weight_version": 0})
     plugin.update_graph(plugin.scheduler, tasks=["g-train-s1"], annotations={"rose-trains": {"g-train-s1": True}})
     plugin.transition("g-train-s1", "waiting", "processing", stimulus_id="t")
-    assert plugin.slot("tcp://d").slots == 16 and sent == [] and plugin.errors == 0
+    assert _slot(plugin, "tcp://d").slots == 16 and sent == [] and plugin.errors == 0

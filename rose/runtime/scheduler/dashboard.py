@@ -3,12 +3,15 @@
 Per rollout worker: role, slots, sequences and tasks in flight, weight version, dispatches and shed
 events; over time: each worker's slots and sequences in use, and each serving worker's SLO attainment
 (per sampling window, from the requests its HTTP front end completed). Below: the placement plugin's
-warnings, error count and recent events. Registered when `rose.plugin` is imported, which a scheduler
-preload does before the dashboard starts; needs bokeh (as Dask's dashboard does).
+warnings, error count and recent events. `register()` runs when the preload `rose.plugin` is
+imported, which a scheduler does before it starts its dashboard; the page needs bokeh (as Dask's
+dashboard does).
 """
 from __future__ import annotations
 
 import time
+
+from rose.runtime.scheduler.plugin import get_plugin
 
 WINDOW_S = 300.0  # seconds of history in the time series
 COLUMNS = [("address", "worker"), ("role", "role"), ("slots", "slots"), ("used", "seqs in use"),
@@ -40,8 +43,6 @@ def rose_doc(scheduler, extra, doc):
     from bokeh.palettes import Category10
     from bokeh.plotting import figure
     from distributed.dashboard.components.scheduler import BOKEH_THEME, env
-
-    from rose.plugin import get_plugin
 
     header = Div(sizing_mode="stretch_width")
     table_src = ColumnDataSource({k: [] for k, _ in COLUMNS})
@@ -93,7 +94,7 @@ def rose_doc(scheduler, extra, doc):
                     for w in rollout.values()],
         }
         series: dict[str, dict[str, list]] = {}
-        for t, addr, _role, slots, used, _met, _reqs in plugin.history:
+        for t, addr, _role, slots, used, _met, _reqs in plugin.book.history:
             if now - t <= WINDOW_S:
                 s = series.setdefault(addr, {"x": [], "slots": [], "used": []})
                 s["x"].append(t - now)
@@ -105,11 +106,11 @@ def rose_doc(scheduler, extra, doc):
             role = rollout.get(addr, {}).get("role", "gone")
             source(cap, (addr, "slots"), f"{role} :{name} slots", color, "dashed").data = {"x": s["x"], "y": s["slots"]}
             source(cap, (addr, "used"), f"{role} :{name} in use", color).data = {"x": s["x"], "y": s["used"]}
-        for i, (addr, (xs, ys)) in enumerate(sorted(_attainment_series(plugin.history, now).items())):
+        for i, (addr, (xs, ys)) in enumerate(sorted(_attainment_series(plugin.book.history, now).items())):
             source(slo, (addr, "slo"), f"serving :{addr.rsplit(':', 1)[-1]}", palette[(i + 3) % 10]).data = \
                 {"x": xs, "y": ys}
         rows = "".join(f"<tr><td>{time.strftime('%H:%M:%S', time.localtime(t))}</td><td>{kind}</td><td>{addr}</td>"
-                       f"<td>{detail}</td></tr>" for t, kind, addr, detail in reversed(st["events"][-15:]))
+                       f"<td>{detail}</td></tr>" for t, kind, addr, detail, _sid in reversed(st["events"][-15:]))
         events.text = f"<h4>recent events</h4><table>{rows}</table>"
 
     update()

@@ -1,0 +1,276 @@
+"""The placement book: what the scheduler's placement plugin knows about rollout workers and rollout
+tasks, and what it decides, as plain data without Dask.
+
+Each event is a method that takes the `stimulus_id` of its cause (recorded in the event log) and
+returns records for the caller to act on: `Shed` (ask a worker to give tasks back), `Dispatch` (run
+`dispatch` soon), or, from `dispatch`, the policy's `Assignment`s. The book sends nothing and reads no
+clock: times come in as `now` (seconds of one clock, which also stamps the event log and history), and
+which workers Dask counts as running comes in as `running` (anything that answers `addr in running`).
+"""
+from __future__ import annotations
+
+import collections
+import logging
+from collections.abc import Container
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from rose.config import POLICIES
+from rose.runtime.placement import Assignment, InFlight, RolloutTask, WorkerSlot, place, plan_shed
+from rose.runtime.protocol import ROLES, WorkerReport
+
+logger = logging.getLogger("rose.scheduler")
+
+
+@dataclass(frozen=True)
+class Shed:
+    """Ask one worker to give rollout tasks back at their next turn boundary."""
+
+    worker: str  # address of the worker
+    keys: tuple[str, ...]  # rollout task keys, newest first
+    reason: str  # "over-slots" (more sequences than slots for shed_after_s) | "training" (colocated)
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """Room or work may have appeared: run `dispatch` soon (never from inside the event that asked)."""
+
+    stimulus_id: str  # the event that made it due
+
+
+Instruction = Shed | Dispatch
+
+
+class LogEntry(NamedTuple):
+    """One line of the event log (a tuple, so that snapshots stay plain data)."""
+
+    time: float  # the event's `now` (s)
+    kind: str  # joined | refused | removed | shed | training | warning
+    worker: str  # address it concerns ("" for none)
+    detail: str  # what happened, for people
+    stimulus_id: str  # the event that caused it
+
+
+class Sample(NamedTuple):
+    """One rollout worker at one tick (a tuple, so that the dashboard reads plain data)."""
+
+    time: float  # the tick's `now` (s)
+    worker: str  # address
+    role: str  # dedicated | serving
+    slots: int  # rollout sequences it could run then
+    used: int  # sequences of its placed, unfinished tasks
+    slo_met: int | None  # serving workers: requests completed inside the SLO, cumulative
+    slo_requests: int | None  # serving workers: requests completed, cumulative
+
+
+class PlacementBook:
+    """The rollout workers' latest reports and the managed rollout tasks, where they run, and what was
+    decided about them. `now`: when the book starts (s); `history_len`: samples kept (default: 10
+    minutes of 8 workers at 4 ticks a second); `events_len`: event log lines kept."""
+
+    def __init__(self, policy: str = "rose", shed_after_s: float = 0.5, now: float = 0.0,
+                 history_len: int = 19200, events_len: int = 1000):
+        if policy not in POLICIES:
+            raise ValueError(f"unknown ROSE placement policy {policy!r}; choose one of {list(POLICIES)}")
+        self.policy = policy
+        self.shed_after_s = shed_after_s  # a worker over its slots this long is asked to shed (s)
+        self.workers: dict[str, WorkerReport] = {}  # address -> latest report
+        self.refused: dict[str, str] = {}  # address -> why it takes no rollouts
+        self.left: set[str] = set()  # addresses of workers that left, until one registers again there
+        self.tasks: dict[str, RolloutTask] = {}  # managed rollout tasks by key, until forgotten
+        self.inflight: dict[str, dict[str, InFlight]] = collections.defaultdict(dict)  # address -> key -> task
+        self.where: dict[str, str] = {}  # key of a running rollout task -> its worker
+        self.shedding: dict[str, set[str]] = collections.defaultdict(set)  # address -> keys asked to shed
+        self.over_since: dict[str, float] = {}  # address -> when it went over its slots (s)
+        self.counts = collections.Counter()  # dispatched, shed, memory, erred, ... per worker: "dispatched@addr"
+        self.events: collections.deque[LogEntry] = collections.deque(maxlen=events_len)
+        self.history: collections.deque[Sample] = collections.deque(maxlen=history_len)
+        self.training: set[str] = set()  # keys of train tasks running now (colocated workers yield)
+        self.last_busy = now  # last time a rollout waited or ran (for the elastic scaler) (s)
+        self.waiting_warning: str | None = None  # why parked tasks wait with no worker to take them
+
+    # ---------------------------------------------------------------- workers
+    def on_worker_added(self, addr: str, stimulus_id: str) -> None:
+        self.left.discard(addr)  # a new worker at an address used before
+
+    def on_report(self, addr: str, report: WorkerReport, now: float, running: Container[str],
+                  stimulus_id: str) -> list[Instruction]:
+        if addr in self.left:
+            return []  # late report of a worker that left
+        if report.role not in ROLES:
+            self._refuse(addr, f"unknown role {report.role!r}; known roles: {list(ROLES)}", now, stimulus_id)
+            return []
+        old = self.workers.get(addr)
+        self.workers[addr] = report
+        out: list[Instruction] = []
+        if old is None:
+            self._event(now, "joined", addr, f"role {report.role}, {report.slots} slots", stimulus_id)
+        if old is None or (old.slots, old.weight_version) != (report.slots, report.weight_version):
+            out.append(Dispatch(stimulus_id))
+        if old is not None and report.slots < old.slots:  # a drop: shed now if due
+            w = self.slot(addr, running)
+            if w is not None:
+                out += self._check_shed(w, now, stimulus_id)
+        return out
+
+    def on_bad_report(self, addr: str, error: str, now: float, stimulus_id: str) -> None:
+        """A report that could not be read (`WorkerReport.from_msg` refused it): refuse the worker."""
+        if addr not in self.left:
+            self._refuse(addr, f"malformed report: {error}", now, stimulus_id)
+
+    def _refuse(self, addr: str, why: str, now: float, stimulus_id: str) -> None:
+        if addr in self.refused:
+            return  # said once
+        self.refused[addr] = why
+        logger.error("refusing worker %s for rollouts: %s", addr, why)
+        self._event(now, "refused", addr, why, stimulus_id)
+
+    def on_worker_removed(self, addr: str, now: float, stimulus_id: str) -> list[Instruction]:
+        info = self.workers.pop(addr, None)
+        self.refused.pop(addr, None)
+        self.over_since.pop(addr, None)
+        self.shedding.pop(addr, None)
+        lost = self.inflight.pop(addr, {})
+        self.left.add(addr)
+        if info is not None:
+            self._event(now, "removed", addr, f"{len(lost)} rollout tasks to re-place", stimulus_id)
+        return [Dispatch(stimulus_id)]
+
+    # ---------------------------------------------------------------- rollout tasks
+    def on_parked(self, tasks: list[RolloutTask], now: float, stimulus_id: str) -> list[Instruction]:
+        """Rollout tasks now wait for `dispatch` (new, retried, or back from a worker that left)."""
+        for t in tasks:
+            self.tasks[t.key] = t
+        if not tasks:
+            return []
+        self.last_busy = now
+        return [Dispatch(stimulus_id)]
+
+    def on_started(self, key: str, addr: str, now: float, stimulus_id: str) -> None:
+        self.where[key] = addr
+        self.inflight[addr][key] = InFlight(key, self.tasks[key].width, now)
+
+    def on_finished(self, key: str, finish_state: str, stimulus_id: str) -> list[Instruction]:
+        """A managed task left processing: `finish_state` memory, erred, or released (its worker left)."""
+        addr = self.where.pop(key, None)
+        if addr is not None and self.inflight.get(addr, {}).pop(key, None) is not None:
+            if key in self.shedding[addr]:
+                self.shedding[addr].discard(key)
+                self.counts[f"shed-returned@{addr}"] += 1
+            self.counts[f"{finish_state}@{addr}"] += 1
+        return [Dispatch(stimulus_id)]
+
+    def on_forgotten(self, key: str) -> None:
+        self.tasks.pop(key, None)
+
+    # ---------------------------------------------------------------- training on colocated workers
+    def on_train_started(self, key: str, now: float, running: Container[str], stimulus_id: str) -> list[Shed]:
+        """Colocated workers have no slots while a train task runs; they give the device back at once."""
+        self.training.add(key)
+        self._event(now, "training", "", f"{key}: colocated rollout workers yield", stimulus_id)
+        out: list[Shed] = []
+        for addr, r in self.workers.items():
+            w = self.slot(addr, running) if r.colocated else None
+            if w is not None:
+                out += self._check_shed(w, now, stimulus_id, force=True)
+        return out
+
+    def on_train_finished(self, key: str, stimulus_id: str) -> list[Instruction]:
+        self.training.discard(key)
+        return [Dispatch(stimulus_id)]
+
+    # ---------------------------------------------------------------- decisions
+    def slot(self, addr: str, running: Container[str]) -> WorkerSlot | None:
+        """One running rollout worker as the policy sees it (None for others)."""
+        r = self.workers.get(addr)
+        if r is None or addr not in running or not r.is_rollout:
+            return None
+        used = sum(t.width for t in self.inflight.get(addr, {}).values())
+        slots = 0 if self.training and r.colocated else int(r.slots)
+        return WorkerSlot(addr, r.role, slots, used, int(r.weight_version))
+
+    def view(self, running: Container[str]) -> list[WorkerSlot]:
+        return [w for w in (self.slot(a, running) for a in self.workers) if w is not None]
+
+    def dispatch(self, waiting_keys: list[str], now: float, running: Container[str],
+                 stimulus_id: str) -> list[Assignment]:
+        """Where the parked tasks `waiting_keys` (in priority order) go now; the rest keep waiting."""
+        if not waiting_keys:
+            return []
+        self.last_busy = now
+        view = self.view(running)
+        assignments = place([self.tasks[k] for k in waiting_keys], view, self.policy)
+        if not assignments:
+            self._warn_waiting(len(waiting_keys), view, now, stimulus_id)
+            return []
+        self.waiting_warning = None
+        for a in assignments:
+            self.counts[f"dispatched@{a.worker}"] += 1
+        return assignments
+
+    def _warn_waiting(self, n: int, view: list[WorkerSlot], now: float, stimulus_id: str) -> None:
+        if view:
+            return  # workers exist and are full, or behind on weights: waiting is normal
+        msg = (f"{n} rollout tasks wait: no rollout-capable worker is connected for policy {self.policy!r} "
+               f"(start one with `dask worker ADDR --preload rose.worker --rose-role dedicated`)")
+        if self.waiting_warning is None:
+            logger.warning(msg)
+            self._event(now, "warning", "", msg, stimulus_id)
+        self.waiting_warning = msg
+
+    def tick(self, now: float, running: Container[str], stimulus_id: str) -> list[Shed]:
+        """Periodic: sample each rollout worker into the history; shed where a worker stayed over its slots."""
+        if any(self.inflight.values()):
+            self.last_busy = now
+        out: list[Shed] = []
+        for w in self.view(running):
+            r = self.workers[w.address]
+            self.history.append(Sample(now, w.address, w.role, w.slots, w.used, r.slo_met, r.slo_requests))
+            out += self._check_shed(w, now, stimulus_id)
+        return out
+
+    # Over its slots, a worker waits out shed_after_s first: a serving worker's capacity dips briefly
+    # with bursts of traffic, and a shed task costs a continuation. Forced (training), it sheds at once.
+    # Tasks already asked to shed do not count again; plan_shed picks the newest (least progress).
+    def _check_shed(self, w: WorkerSlot, now: float, stimulus_id: str, force: bool = False) -> list[Shed]:
+        if w.used <= w.slots:
+            self.over_since.pop(w.address, None)
+            return []
+        since = self.over_since.setdefault(w.address, now)
+        if not force and now - since < self.shed_after_s:
+            return []
+        pending = self.shedding[w.address]
+        keys = plan_shed([t for k, t in self.inflight[w.address].items() if k not in pending], w.slots)
+        if not keys:
+            return []
+        pending.update(keys)
+        self.counts[f"shed@{w.address}"] += len(keys)
+        self._event(now, "shed", w.address, f"{len(keys)} tasks ({w.used} sequences on {w.slots} slots)",
+                    stimulus_id)
+        return [Shed(w.address, tuple(keys), "training" if force else "over-slots")]
+
+    def _event(self, now: float, kind: str, addr: str, detail: str, stimulus_id: str) -> None:
+        self.events.append(LogEntry(now, kind, addr, detail, stimulus_id))
+
+    # ---------------------------------------------------------------- introspection
+    def state(self, now: float, running: Container[str], parked: int) -> dict:
+        """A plain-data snapshot (for clients, the dashboard and tests); `parked`: tasks waiting now."""
+        view = {w.address: w for w in self.view(running)}
+        workers = {}
+        for addr, r in self.workers.items():
+            w = view.get(addr)
+            workers[addr] = {"role": r.role, "site": r.site, "slots": r.slots, "used": w.used if w else 0,
+                             "inflight": len(self.inflight.get(addr, {})), "weight_version": r.weight_version,
+                             "model": r.model, "shed": self.counts[f"shed@{addr}"],
+                             "dispatched": self.counts[f"dispatched@{addr}"], "slo_met": r.slo_met,
+                             "slo_requests": r.slo_requests, "elastic": bool(r.elastic),
+                             "colocated": bool(r.colocated)}
+        return {"policy": self.policy, "workers": workers, "refused": dict(self.refused), "parked": parked,
+                "managed": len(self.tasks), "training": sorted(self.training), "warning": self.waiting_warning,
+                "events": list(self.events)[-50:], "idle_s": now - self.last_busy}
+
+    def elastic_demand(self, waiting_keys: list[str], now: float, running: Container[str]) -> dict:
+        """What the elastic baseline's scaler needs: sequences waiting that no worker has room for."""
+        free = sum(max(0, w.free) for w in self.view(running) if w.role == "dedicated")
+        waiting = sum(self.tasks[k].width for k in waiting_keys)
+        return {"waiting_seqs": max(0, waiting - free), "idle_s": now - self.last_busy}
