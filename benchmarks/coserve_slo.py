@@ -85,8 +85,8 @@ class RolloutDemand:
 
 def _tokens_now(client, worker) -> int:
     def count(dask_worker):
-        loop = dask_worker.plugins["rose"].loop
-        return loop.stats["rollout_tokens"] if hasattr(loop, "stats") else loop.generated_tokens
+        loop = dask_worker.plugins["rose"].host.engine
+        return loop.counters()["rollout_tokens"]
     return client.run(count, workers=[worker])[worker]
 
 
@@ -112,7 +112,8 @@ def main():
     from rose.models import prepare_model
     from rose.runtime.cluster import LocalRoseCluster
     from rose.runtime.coserve import traffic
-    from rose.worker import ModelSpec, prepare_worker
+    from rose.runtime.protocol import ModelSpec
+    from rose.runtime.worker.plugin import prepare_worker
 
     model_cfg = ModelConfig()
     model_dir = prepare_model(model_cfg, env_class("guess"), seed=args.seed)
@@ -148,7 +149,7 @@ def main():
         coserved = asyncio.run(traffic.play(url, arrivals, args.ttft_ms, args.tpot_ms, seed=args.seed))
         r1 = (_tokens_now(client, worker) - tok0) / (time.perf_counter() - t0)
         demand.stop()
-        preemptions = client.run(lambda dask_worker: dask_worker.plugins["rose"].loop.stats["preemptions"],
+        preemptions = client.run(lambda dask_worker: dask_worker.plugins["rose"].host.engine.stats["preemptions"],
                                  workers=[worker])[worker]
         out.update(alone=alone.summary(), coserved=coserved.summary(), rate=rate, capacity=cap,
                    rollout_tok_s_coserved=r1, preemptions=preemptions, demand_errors=demand.errors)

@@ -118,7 +118,8 @@ def run_both(model_dir, engine_cfg, max_len, rounds, n, seed):
     from rose.graph.submit import submit
     from rose.runtime.cluster import LocalRoseCluster
     from rose.runtime.trajectory import concat
-    from rose.worker import ModelSpec, prepare_worker
+    from rose.runtime.protocol import ModelSpec
+    from rose.runtime.worker.plugin import prepare_worker
 
     ncores = len(os.sched_getaffinity(0))
     cores = (CORE, (CORE + 1) % ncores) if ncores > 1 else (CORE,)

@@ -131,22 +131,24 @@ def setup_trainer(model_dir: str, seed: int):
     import torch
 
     from rose.runtime.trainer import Trainer
-    from rose.worker import rose_worker
+    from rose.runtime.worker.plugin import rose_worker
 
     torch.set_num_threads(1)
     w = rose_worker()
-    w.trainer = Trainer(model_dir, seed=seed)
+    w.host.trainer = Trainer(model_dir, seed=seed)
     w.weights.reset(DTYPE)
-    w.weights.publish(w.trainer.model.state_dict(), 0)
-    return sum(p.numel() for p in w.trainer.model.parameters())
+    w.weights.publish(w.host.trainer.model.state_dict(), 0)
+    w.weights.mark_synced(0)  # the receivers adopt version 0 from the checkpoint
+    return sum(p.numel() for p in w.host.trainer.model.parameters())
 
 
 def setup_receiver(model_dir: str):
-    from rose.worker import _checkpoint_tensors, rose_worker
+    from rose.models.loading import load_checkpoint
+    from rose.runtime.worker.plugin import rose_worker
 
     w = rose_worker()
     w.weights.reset(DTYPE)
-    w.weights.adopt(_checkpoint_tensors(model_dir), 0)
+    w.weights.adopt(load_checkpoint(model_dir), 0)
     return w.weights.version
 
 
@@ -159,10 +161,10 @@ def train_and_publish(lr: float, step: int, seed: int) -> dict:
     from rose.config import GRPOConfig
     from rose.runtime.trajectory import Trajectory, to_batch
     from rose.runtime.weights import delta
-    from rose.worker import rose_worker
+    from rose.runtime.worker.plugin import rose_worker
 
     w = rose_worker()
-    vocab = w.trainer.model.config.vocab_size
+    vocab = w.host.trainer.model.config.vocab_size
     g = torch.Generator().manual_seed(seed * 1000 + step)
     trajs = []
     for gi in range(8):
@@ -175,35 +177,38 @@ def train_and_publish(lr: float, step: int, seed: int) -> dict:
             trajs.append(t)
     rewards = torch.rand(len(trajs), generator=g).tolist()
     table = pa.Table.from_batches([to_batch(trajs, rewards)])
-    old = {k: v.detach().to(torch.bfloat16) for k, v in w.trainer.model.state_dict().items()}
+    old = {k: v.detach().to(torch.bfloat16) for k, v in w.host.trainer.model.state_dict().items()}
     t0 = time.perf_counter()
-    metrics = w.trainer.step(table, GRPOConfig(lr=lr, inner_epochs=1))
+    metrics = w.host.trainer.step(table, GRPOConfig(lr=lr, inner_epochs=1))
     train_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    w.weights.publish(w.trainer.model.state_dict(), w.trainer.version)
+    w.weights.publish(w.host.trainer.model.state_dict(), w.host.trainer.version)
     publish_s = time.perf_counter() - t0
-    new = {k: v.detach().to(torch.bfloat16) for k, v in w.trainer.model.state_dict().items()}
+    new = {k: v.detach().to(torch.bfloat16) for k, v in w.host.trainer.model.state_dict().items()}
     changed = sum(delta.changed_fraction(old[k], new[k]) * new[k].numel() for k in new)
     total = sum(v.numel() for v in new.values())
-    return {"version": w.trainer.version, "changed_fraction": changed / total, "train_s": train_s,
+    return {"version": w.host.trainer.version, "changed_fraction": changed / total, "train_s": train_s,
             "publish_s": publish_s, "loss": metrics.get("loss", float("nan")), "np": int(np.int64(total))}
 
 
 async def run_sync(receivers: list[str], mode: str, commit: bool) -> dict:
     from rose.runtime.weights.sync import sync_to
-    from rose.worker import rose_worker
+    from rose.runtime.worker.plugin import rose_worker
 
     w = rose_worker()
-    return await sync_to(w.worker, w.weights, receivers, mode=mode, commit=commit)
+    status = await sync_to(w.worker, w.weights, receivers, mode=mode, commit=commit)
+    if commit:  # the next publish waits for this
+        w.weights.mark_synced(w.weights.version)
+    return status
 
 
 def trainer_digest() -> dict:
     import torch
 
-    from rose.runtime.weights.endpoint import tensor_digest
-    from rose.worker import rose_worker
+    from rose.runtime.weights.handlers import tensor_digest
+    from rose.runtime.worker.plugin import rose_worker
 
-    return {k: tensor_digest(v.to(torch.bfloat16)) for k, v in rose_worker().trainer.model.state_dict().items()}
+    return {k: tensor_digest(v.to(torch.bfloat16)) for k, v in rose_worker().host.trainer.model.state_dict().items()}
 
 
 def receiver_digest(dask_worker) -> dict:

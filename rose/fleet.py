@@ -14,7 +14,8 @@ import logging
 
 from distributed import Client
 
-from rose.worker import ROLLOUT_ROLES, prepare_worker
+from rose.runtime.protocol import PLUGIN_NAME, WorkerReport, rollout_addresses
+from rose.runtime.worker.plugin import prepare_worker
 
 logger = logging.getLogger("rose.run")
 
@@ -23,9 +24,11 @@ def roles_of(client: Client) -> dict[str, list[str]]:
     """Worker addresses by ROSE role, from the reports workers attach to their heartbeats."""
     by_role: dict[str, list[str]] = collections.defaultdict(list)
     for addr, info in client.scheduler_info(n_workers=-1)["workers"].items():
-        r = (info.get("metrics") or {}).get("rose") or {}
-        if r.get("role"):
-            by_role[r["role"]].append(addr)
+        msg = (info.get("metrics") or {}).get(PLUGIN_NAME)
+        try:
+            by_role[WorkerReport.from_msg(msg).role].append(addr)
+        except ValueError:  # not a ROSE worker
+            continue
     return {k: sorted(v) for k, v in by_role.items()}
 
 
@@ -50,7 +53,7 @@ class Fleet:
         from rose.ops.train import catch_up
 
         self.roles = roles_of(self.client)
-        current = {a for r in ROLLOUT_ROLES for a in self.roles.get(r, [])}
+        current = set(rollout_addresses(self.roles))
         for a in [a for a in self.synced if a not in current]:
             logger.warning("rollout worker %s left the run", a)
             del self.synced[a]

@@ -5,15 +5,43 @@ import json
 import os
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+# The columns of `Report.metrics`, one row per step. Seconds: rollout_s (submission to the last rollout
+# done), train_s (from when training could start to its metrics), trainer_compute_s (inside the train
+# step), sync_s, step_s (one step's share of the run's wall time). rollout_version: the weights its
+# rollouts ran on; weight_version: the weights its train step made.
+STEP_COLUMNS = ["step", "weight_version", "rollout_version", "reward_mean", "reward_std", "trajectories", "failed",
+                "tokens", "rollout_s", "train_s", "trainer_compute_s", "sync_s", "step_s", "rollout_tok_s",
+                "logprob_mismatch", "loss", "sync_bytes", "sync_refetches"]
+
+
+def step_row(step: int, version: int, table: pa.Table, metrics: dict, rollout_s: float, train_s: float,
+             sync_s: float) -> dict:
+    """A step's metrics row (without step_s, rollout_version and the sync counters, which the runner adds)."""
+    fr = np.asarray(table["finish_reason"].to_pylist())
+    rewards = table["reward"].to_numpy(zero_copy_only=False)
+    ok = fr != "failed"
+    masks = table["loss_mask"].combine_chunks()
+    tokens = int(np.asarray(masks.values.to_numpy(zero_copy_only=False)).sum())
+    return {"step": step, "weight_version": version,
+            "reward_mean": float(np.mean(rewards[ok])) if ok.any() else float("nan"),
+            "reward_std": float(np.std(rewards[ok])) if ok.any() else float("nan"),
+            "trajectories": table.num_rows, "failed": int((~ok).sum()), "tokens": tokens,
+            "rollout_s": rollout_s, "train_s": train_s, "trainer_compute_s": metrics.get("train_s", float("nan")),
+            "sync_s": sync_s,
+            "rollout_tok_s": tokens / rollout_s if rollout_s > 0 else float("nan"),
+            "logprob_mismatch": metrics.get("logprob_mismatch", float("nan")),
+            "loss": metrics.get("loss", float("nan"))}
 
 
 @dataclass
 class Report:
     pipeline: str
-    metrics: pd.DataFrame  # one row per step (see rose.runner.STEP_COLUMNS)
+    metrics: pd.DataFrame  # one row per step, STEP_COLUMNS
     trajectories: pa.Table  # every trajectory of the run, trajectory schema
     lost: int  # trajectory ids asked for but never returned
     duplicated: int  # trajectory ids returned more than once

@@ -8,21 +8,22 @@ tested as plain lists (tests/unit/test_schedule.py).
 - Asynchronous (staleness 1): step k+1 starts as soon as step k's train task is submitted, so its
   rollouts run on the weights from before step k's training while the trainer works. Step k's sync is
   submitted only after step k+1's rollouts are done (weights never change under a running trajectory,
-  so every trajectory comes from one version), and step k+1's train task right after it (the trainer
-  publishes its version once that sync is done reading the previous one).
+  so every trajectory comes from one version) and once step k's train task is done (one trainer
+  trains one step at a time); step k+1's train task right after it (the trainer publishes its
+  version once that sync is done reading the previous one).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-KINDS = ("start", "wait", "train", "sync", "finish")
+KINDS = ("start", "wait", "train", "trained", "sync", "finish")
 
 
 @dataclass(frozen=True)
 class Action:
     kind: str  # start: build, lower and submit the step's rollouts and rewards, on the weights held now;
-    #            wait: wait for its rollouts and rewards; train / sync: submit that part; finish: gather
-    #            its train metrics and sync statuses and record the step
+    #            wait: wait for its rollouts and rewards; train / sync: submit that part; trained: wait
+    #            for its train task; finish: gather its train metrics and sync statuses, record the step
     step: int
 
     def __post_init__(self):
@@ -38,12 +39,13 @@ def plan_run(steps: int, staleness: int) -> list[Action]:
         raise ValueError(f"staleness={staleness} must be 0 (synchronous) or 1 (asynchronous)")
     if staleness == 0:
         # Train and sync are submitted with the rollouts (they wait on them in Dask): no driver round trip.
-        return [Action(kind, k) for k in range(steps) for kind in ("start", "train", "sync", "wait", "finish")]
+        return [Action(kind, k) for k in range(steps)
+                for kind in ("start", "train", "sync", "wait", "trained", "finish")]
     out = [Action("start", 0), Action("wait", 0), Action("train", 0)]
     for k in range(steps):
         if k + 1 < steps:
             out += [Action("start", k + 1), Action("wait", k + 1)]
-        out.append(Action("sync", k))
+        out += [Action("trained", k), Action("sync", k)]
         if k + 1 < steps:
             out.append(Action("train", k + 1))
         out.append(Action("finish", k))

@@ -81,3 +81,15 @@ def prepare_model(cfg: ModelConfig, env_cls: type, seed: int = 0, progress: bool
         shutil.rmtree(out)
     os.replace(tmp, out)
     return out
+
+
+def load_checkpoint(model_dir: str) -> dict:
+    """Every tensor of the `*.safetensors` files in `model_dir`, by parameter name (on the CPU)."""
+    import glob
+
+    from safetensors.torch import load_file
+
+    tensors = {}
+    for f in sorted(glob.glob(os.path.join(model_dir, "*.safetensors"))):
+        tensors.update(load_file(f))
+    return tensors

@@ -28,6 +28,7 @@ import pyarrow as pa
 from rose.errors import PromptTooLongError
 from rose.envs.base import replay
 from rose.runtime.engine.base import SamplingSpec
+from rose.runtime.protocol import Annotation
 from rose.runtime.trajectory import Trajectory, to_batch, trajectory_id
 
 
@@ -156,7 +157,9 @@ async def _one(spec: RolloutSpec, w, state, stop) -> Trajectory | Partial:
         traj = Trajectory(spec.step, spec.group_id, spec.sample_id, spec.env, spec.env_seed,
                           finish_reason="failed", error=f"{type(e).__name__}: {e}")
     else:
-        traj = await agent_loop(spec, env, w.loop, w.tokenizer, w.spec.max_model_len, w.address, state, stop)
+        host = w.host
+        traj = await agent_loop(spec, env, host.engine, host.tokenizer, host.spec.max_model_len, w.address, state,
+                                stop)
     if isinstance(traj, Trajectory):
         traj.worker = w.address
         traj.placement = "dedicated" if w.role == "dedicated" else "serving"
@@ -164,10 +167,10 @@ async def _one(spec: RolloutSpec, w, state, stop) -> Trajectory | Partial:
 
 
 async def _run_group(specs, states, key: str | None, attempt: int) -> pa.RecordBatch | Continuation:
-    from rose.worker import rose_worker
+    from rose.runtime.worker.plugin import rose_worker
 
     w = rose_worker()
-    if w.loop is None:
+    if w.host.engine is None:
         raise RuntimeError(f"worker {w.address} (role {w.role}) has no rollout engine; was it prepared?")
     w.rollout_started(key, sum(not isinstance(s, Trajectory) for s in states))
     try:
@@ -208,7 +211,8 @@ async def finish_rollout(result, key: str, annotations: dict) -> pa.RecordBatch:
     client = get_client()
     while isinstance(result, Continuation):
         k = f"{key}-resume{result.attempt}"
-        with dask.annotate(**{**annotations, "rose-width": max(1, result.width), "rose-affinity": result.worker}):
+        with dask.annotate(**{**annotations, Annotation.WIDTH: max(1, result.width),
+                              Annotation.AFFINITY: result.worker}):
             fut = client.submit(resume_rollout, result, k, key=k, pure=False, retries=2)
         result = await fut
         fut.release()

@@ -11,28 +11,27 @@ from rose.config import GRPOConfig
 from rose.runtime.trajectory import concat
 
 
-def train_step(cfg: GRPOConfig, *batches: pa.RecordBatch, publish_after_sync: int | None = None) -> dict:
+def train_step(cfg: GRPOConfig, *batches: pa.RecordBatch) -> dict:
     """Task: one GRPO update on all of the step's trajectories, then publish. Returns version, metrics.
-    `publish_after_sync`: a weight version whose sync runs meanwhile (asynchronous mode: the previous
-    step's); the new version is published only once that sync is done reading it."""
+    The publish waits for the sync of the version before it while that sync still runs (asynchronous
+    mode: this step trained alongside the previous step's sync; `WeightEndpoint.publish`)."""
     import time
 
-    from rose.worker import rose_worker
+    from rose.runtime.worker.plugin import rose_worker
+    from rose.runtime.worker.trainer import TrainerHost
 
     w = rose_worker()
-    if w.trainer is None:
+    if not isinstance(w.host, TrainerHost) or w.host.trainer is None:
         raise RuntimeError(f"worker {w.address} (role {w.role}) holds no trainer; was it prepared?")
+    trainer = w.host.trainer
     table = concat(list(batches))
-    metrics = w.trainer.step(table, cfg)
-    if w.trainer.version != w.weights.version:
-        if publish_after_sync is not None:
-            t_wait = time.perf_counter()
-            w.weights.wait_synced(publish_after_sync)
-            metrics["publish_wait_s"] = time.perf_counter() - t_wait
+    metrics = trainer.step(table, cfg)
+    if trainer.version != w.weights.version:
         t0 = time.perf_counter()
-        w.weights.publish(w.trainer.model.state_dict(), w.trainer.version)
-        metrics["publish_s"] = time.perf_counter() - t0
-    return {"version": w.trainer.version, "metrics": metrics}
+        w.weights.publish(trainer.model.state_dict(), trainer.version)
+        metrics["publish_wait_s"] = w.weights.publish_wait_s
+        metrics["publish_s"] = time.perf_counter() - t0 - w.weights.publish_wait_s
+    return {"version": trainer.version, "metrics": metrics}
 
 
 def train_metrics(result: dict) -> dict:
@@ -43,7 +42,7 @@ def train_metrics(result: dict) -> dict:
 async def sync_weights(result: dict, receivers: tuple[str, ...]) -> dict:
     """Task (on the trainer): bring every rollout worker in `receivers` to the trained version."""
     from rose.runtime.weights.sync import sync_to
-    from rose.worker import rose_worker
+    from rose.runtime.worker.plugin import rose_worker
 
     w = rose_worker()
     try:
@@ -64,7 +63,7 @@ async def sync_weights(result: dict, receivers: tuple[str, ...]) -> dict:
 async def catch_up(_prepared, receivers: tuple[str, ...]) -> dict:
     """Task (on the trainer): bring workers that joined mid-run to the trainer's current version."""
     from rose.runtime.weights.sync import sync_to
-    from rose.worker import rose_worker
+    from rose.runtime.worker.plugin import rose_worker
 
     w = rose_worker()
     return await sync_to(w.worker, w.weights, list(receivers))

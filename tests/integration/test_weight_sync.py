@@ -58,24 +58,24 @@ def _restore(dask_worker):
 def _greedy(prompts):
     from rose.ops.rollout import _encode
     from rose.runtime.engine import SamplingSpec
-    from rose.worker import rose_worker
+    from rose.runtime.worker.plugin import rose_worker
 
     w = rose_worker()
     out = []
     for p in prompts:  # one at a time: the reference does the same
-        ids = [w.tokenizer.bos_token_id] + _encode(w.tokenizer, p)
-        gen = w.loop.generate(ids, SamplingSpec(max_tokens=12, temperature=0.0)).result()
+        ids = [w.host.tokenizer.bos_token_id] + _encode(w.host.tokenizer, p)
+        gen = w.host.engine.generate(ids, SamplingSpec(max_tokens=12, temperature=0.0)).result()
         out.append(gen.token_ids)
-    return {"version": w.loop.weight_version, "tokens": out}
+    return {"version": w.host.engine.weight_version, "tokens": out}
 
 
 def _trainer_checkpoint(path):
     """Save the trainer's current (float32) weights as a Hugging Face directory."""
-    from rose.worker import rose_worker
+    from rose.runtime.worker.plugin import rose_worker
 
     w = rose_worker()
-    w.trainer.model.save_pretrained(path)
-    return {"version": w.trainer.version, "digest": w.weights._h_digest()}
+    w.host.trainer.model.save_pretrained(path)
+    return {"version": w.host.trainer.version, "digest": w.weights._h_digest()}
 
 
 REFERENCE = textwrap.dedent("""

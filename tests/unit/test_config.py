@@ -30,8 +30,8 @@ def test_pipeline_checks_env_and_build():
 
 
 def test_only_dedicated_workers_can_be_colocated_with_the_trainer():
-    from rose.worker import RoseWorker
+    from rose.runtime.worker.plugin import RoseWorker
 
-    assert RoseWorker("dedicated", colocated=True).report()["colocated"] is True
+    assert RoseWorker("dedicated", colocated=True).report().colocated is True
     with pytest.raises(ConfigError, match="--rose-colocated is for dedicated rollout workers, not role 'serving'"):
         RoseWorker("serving", colocated=True)

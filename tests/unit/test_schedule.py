@@ -12,8 +12,8 @@ def _at(plan, kind, step):
 
 def test_synchronous_steps_do_not_overlap():
     plan = plan_run(3, 0)
-    assert [(a.kind, a.step) for a in plan[:5]] == [("start", 0), ("train", 0), ("sync", 0), ("wait", 0),
-                                                     ("finish", 0)]
+    assert [(a.kind, a.step) for a in plan[:6]] == [("start", 0), ("train", 0), ("sync", 0), ("wait", 0),
+                                                     ("trained", 0), ("finish", 0)]
     for k in range(1, 3):
         assert _at(plan, "finish", k - 1) < _at(plan, "start", k)
 
@@ -22,8 +22,9 @@ def test_asynchronous_next_rollouts_overlap_training():
     plan = plan_run(3, 1)
     # step 1's rollouts start once step 0's train task is submitted, before step 0's sync
     assert _at(plan, "train", 0) < _at(plan, "start", 1) < _at(plan, "sync", 0)
-    # step 0's sync waits for step 1's rollouts; step 1 trains after it is submitted
+    # step 0's sync waits for step 1's rollouts and step 0's training; step 1 trains after it is submitted
     assert _at(plan, "wait", 1) < _at(plan, "sync", 0) < _at(plan, "train", 1)
+    assert _at(plan, "trained", 0) < _at(plan, "sync", 0)
     # one step ahead, never two: step 2 starts only after step 0 is finished
     assert _at(plan, "finish", 0) < _at(plan, "start", 2)
     assert plan[-2:] == [Action("sync", 2), Action("finish", 2)]
@@ -32,12 +33,14 @@ def test_asynchronous_next_rollouts_overlap_training():
 @given(st.integers(1, 12), st.sampled_from([0, 1]))
 def test_every_step_runs_each_action_once_in_order(steps, staleness):
     plan = plan_run(steps, staleness)
-    assert len(plan) == len(set(plan)) == 5 * steps
+    assert len(plan) == len(set(plan)) == 6 * steps
     for k in range(steps):
         assert _at(plan, "start", k) < _at(plan, "wait", k) < _at(plan, "finish", k)
         assert _at(plan, "start", k) < _at(plan, "train", k) < _at(plan, "sync", k) < _at(plan, "finish", k)
-        if k:  # steps finish in order, and a step trains on the weights of the one before at most one back
+        assert _at(plan, "train", k) < _at(plan, "trained", k) < _at(plan, "finish", k)
+        if k:  # steps finish in order; one train step at a time, each after the previous one's sync
             assert _at(plan, "finish", k - 1) < _at(plan, "finish", k)
+            assert _at(plan, "trained", k - 1) < _at(plan, "train", k)
             assert _at(plan, "sync", k - 1) < _at(plan, "train", k)
         # the rollouts of step k run on the weights of every step that finished before it started:
         # at least k - 1 - staleness of them (bounded staleness)

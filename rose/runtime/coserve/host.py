@@ -1,5 +1,5 @@
-"""What a serving worker hosts: the co-serving executor (serving engine now, rollout engine once a run
-prepares it) and the HTTP front end for online traffic.
+"""`ServingHost`: what a serving worker hosts: the co-serving executor (serving engine now, rollout engine
+once a run prepares it) and the HTTP front end for online traffic.
 
 `dask worker SCHED --preload rose.worker --rose-role serving --rose-serving-model DIR [--rose-http-port P]`
 """
@@ -12,7 +12,10 @@ from dataclasses import dataclass, field
 
 from rose.config import EngineConfig
 from rose.errors import ConfigError, config_check
+from rose.models.loading import load_checkpoint
 from rose.runtime.coserve.slo import RolloutCaps, SloConfig
+from rose.runtime.protocol import ModelSpec
+from rose.runtime.worker.host import Host
 
 logger = logging.getLogger("rose.coserve")
 
@@ -37,8 +40,10 @@ def _model_max_len(model_dir: str) -> int:
     return int(cfg.get("max_position_embeddings") or 2048)
 
 
-class ServingHost:
-    def __init__(self, cfg: ServingConfig, cores: tuple[int, ...] | None = None):
+class ServingHost(Host):
+    """The serving role's host: online traffic from the start, rollouts once a run prepares it."""
+
+    def __init__(self, address: str, weights, cfg: ServingConfig, cores: tuple[int, ...] | None = None):
         from transformers import AutoTokenizer
 
         from rose.models.loading import check_model_dir
@@ -47,30 +52,37 @@ class ServingHost:
         from rose.runtime.coserve.slo import SloController
         from rose.runtime.engine.vllm_engine import VllmEngine, configure_vllm_env
 
+        super().__init__(address, weights, cores)
         check_model_dir(cfg.model_dir)
         self.cfg = cfg
         self.max_model_len = cfg.max_model_len or _model_max_len(cfg.model_dir)
         configure_vllm_env(cfg.engine, list(cores) if cores else None)
-        self.tokenizer = AutoTokenizer.from_pretrained(cfg.model_dir)
         self.executor = CoServingExecutor(
             lambda: VllmEngine(cfg.model_dir, cfg.engine, self.max_model_len), None,
             SloController(cfg.slo, cfg.caps), cores=cores)
-        self.front = ServingFrontend(self.executor, self.tokenizer, os.path.basename(cfg.model_dir.rstrip("/")),
-                                     self.max_model_len, cfg.slo)
+        self.front = ServingFrontend(self.executor, AutoTokenizer.from_pretrained(cfg.model_dir),
+                                     os.path.basename(cfg.model_dir.rstrip("/")), self.max_model_len, cfg.slo)
         self.rollout_key = None  # (model_dir, max_model_len, engine config) of the attached rollout engine
 
-    async def start_http(self) -> int:
+    @property
+    def engine(self):
+        """Rollout turns and synced weights go through the executor, once it has a rollout engine."""
+        return self.executor if self.rollout_key is not None else None
+
+    async def start(self) -> None:
+        """Open the HTTP front end."""
         port = await self.front.start(self.cfg.http_host, self.cfg.http_port)
         logger.info("serving %s on http://%s:%d", self.front.model_name, self.cfg.http_host, port)
-        return port
 
-    def prepare_rollout(self, spec, checkpoint: dict) -> None:
+    def prepare(self, spec: ModelSpec) -> None:
         """Give the executor the run's rollout engine (first run), or reset it to the checkpoint."""
         import torch
+        from transformers import AutoTokenizer
 
         from rose.runtime.engine.vllm_engine import VllmEngine
 
         key = (spec.model_dir, spec.max_model_len, spec.engine)
+        checkpoint = load_checkpoint(spec.model_dir)
         if self.rollout_key is None:
             # On a GPU both engines share device memory (each takes its `gpu_memory_utilization`), and the
             # rollout engine sleeps when a burst needs the memory. That path is untested here (no GPU vLLM).
@@ -80,12 +92,24 @@ class ServingHost:
                                    sleep_mode=gpu)).result()
             self.rollout_key = key
         elif key != self.rollout_key:
-            raise ConfigError(f"this serving worker's rollout engine runs {self.rollout_key[0]}; a run of "
-                              f"{spec.model_dir} needs a new worker (in-process vLLM engines cannot be replaced)")
+            raise ConfigError(f"serving worker {self.address}'s rollout engine runs {self.rollout_key[0]}; a run "
+                              f"of {spec.model_dir} needs a new worker (in-process vLLM engines cannot be replaced)")
         else:
             self.executor.load_weights(checkpoint, 0).result()
+        self.tokenizer = AutoTokenizer.from_pretrained(spec.model_dir)
+        # What the rollout engine holds, as shards: the base of the first sync's deltas.
+        self.weights.reset(spec.engine.dtype)
+        self.weights.adopt(checkpoint, 0)
+        self.spec = spec
+
+    @property
+    def slots(self) -> int:
+        """The rollout sequences the executor can run next to its recent online traffic inside the SLO."""
+        return self.executor.rollout_capacity
 
     def report(self) -> dict:
-        return {"http_port": self.front.port, "spare_slots": self.executor.spare_slots,
-                "slo_met": self.front.slo_met, "slo_requests": self.front.requests,
-                "serving_model": self.front.model_name}
+        return super().report() | {"http_port": self.front.port, "slo_met": self.front.slo_met,
+                                   "slo_requests": self.front.requests}
+
+    def close(self) -> None:
+        self.executor.close()

@@ -1,10 +1,10 @@
-"""A worker's side of weight transfer: its shard store, and the Dask comm handlers around it.
+"""A worker's side of weight transfer: its shard store, the versions it holds, and what it does with them.
 
-Every ROSE worker has one `WeightEndpoint`. On the trainer it publishes versions; on rollout workers
-it stages shards for the next version and commits them to the engine in one swap. Any holder of a
-shard serves it by hash (`rose_weights_get`), dense or as a delta against a base the caller holds,
-so relays are ordinary receivers. Handlers are registered on the worker's comm server, so transfer
-uses whatever comm the cluster is configured with (TCP or TLS).
+Every ROSE worker has one `WeightEndpoint`. On the trainer it publishes versions, each only once the
+sync of the one before has finished; on rollout workers it stages shards for the next version and
+commits them to the engine in one swap (the `on_commit` callback). Any holder of a shard serves it
+by hash (`rose_weights_get`), dense or as a delta against a base the caller holds, so relays are
+ordinary receivers. The Dask comm handlers are in `handlers.py`.
 """
 from __future__ import annotations
 
@@ -13,26 +13,32 @@ import logging
 import threading
 import time
 from collections import Counter
-
-import torch
-from distributed.protocol import to_serialize
+from typing import Awaitable, Callable
 
 from rose.errors import EngineError
 from rose.runtime.weights import delta as deltas
+from rose.runtime.weights.handlers import EndpointHandlers
 from rose.runtime.weights.plan import Hop, Receiver
-from rose.runtime.weights.shards import DEFAULT_SHARD_BYTES, Manifest, assemble, shard_hash, shard_params
+from rose.runtime.weights.shards import DEFAULT_SHARD_BYTES, Manifest, assemble, shard_params
 from rose.runtime.weights.store import ShardStore
 
 logger = logging.getLogger("rose.weights")
 
 BATCH_BYTES = 32 << 20  # at most this many shard bytes per request: bounds memory on both ends
-RELAY_WAIT_S = 120.0  # how long a relay holds a request for a shard it is still fetching
+PUBLISH_WAIT_S = 600.0  # how long a publish waits for the sync of the version before it
 
 
-class WeightEndpoint:
-    def __init__(self, worker, site: str, dtype: str = "bfloat16", shard_bytes: int = DEFAULT_SHARD_BYTES):
+class WeightEndpoint(EndpointHandlers):
+    def __init__(self, worker, site: str, on_commit: Callable[[dict, int], Awaitable] | None = None,
+                 on_committed: Callable[[], None] | None = None, dtype: str = "bfloat16",
+                 shard_bytes: int = DEFAULT_SHARD_BYTES):
+        """`on_commit(tensors, version)`: loads a synced version into this worker's engine (awaited on the
+        event loop; if it raises, the endpoint keeps its version too); None: no engine to load into.
+        `on_committed()`: called once a commit is done (the worker reports its new version)."""
         self.worker = worker
         self.site = site  # network site (workers behind one fast network); from --rose-site
+        self.on_commit = on_commit
+        self.on_committed = on_committed
         self.dtype = dtype  # what engines hold; set per run from the engine config
         self.shard_bytes = shard_bytes
         self.store = ShardStore()
@@ -56,8 +62,8 @@ class WeightEndpoint:
         self._synced = threading.Condition()
         self.synced_version = -1
         self.sync_error: str | None = None
-        for name in ("get", "state", "expect", "pull", "commit", "abort", "digest"):
-            worker.handlers[f"rose_weights_{name}"] = getattr(self, f"_h_{name}")
+        self.publish_wait_s = 0.0  # seconds the last publish waited for the sync before it
+        self._register_handlers(worker)
 
     @property
     def version(self) -> int:
@@ -82,7 +88,7 @@ class WeightEndpoint:
             self.sync_error = error
             self._synced.notify_all()
 
-    def wait_synced(self, version: int, timeout_s: float = 600.0) -> None:
+    def wait_synced(self, version: int, timeout_s: float = PUBLISH_WAIT_S) -> None:
         """Block (a task thread, never the event loop) until the sync of `version` has finished."""
         with self._synced:
             if not self._synced.wait_for(lambda: self.synced_version >= version or self.sync_error, timeout_s):
@@ -93,9 +99,15 @@ class WeightEndpoint:
                                   worker=self.worker.address)
 
     # ---------------------------------------------------------------- publisher (trainer)
-    def publish(self, tensors: dict, version: int) -> Manifest:
-        """Shard and hash `tensors` as `version`; keeps this version and the one before."""
+    def publish(self, tensors: dict, version: int, timeout_s: float = PUBLISH_WAIT_S) -> Manifest:
+        """Shard and hash `tensors` as `version`; keeps this version and the one before. A task thread
+        calls it, never the event loop: it blocks until the version published now has been synced
+        (`mark_synced`), since a running sync serves that version's shards and deltas, which this
+        replaces. Raises EngineError if that sync failed or did not finish in `timeout_s`."""
         manifest, data = shard_params(tensors, version, self.dtype, self.shard_bytes)
+        t0 = time.perf_counter()
+        self.wait_synced(self.version, timeout_s)
+        self.publish_wait_s = time.perf_counter() - t0
         self.store.recycle = False  # a publisher never applies deltas: no one would take the buffers back
         for h, b in data.items():
             self.store.put(h, b, verify=False)  # hashed just now
@@ -241,86 +253,9 @@ class WeightEndpoint:
         self.staged = None
         return self.store.drop_unreferenced()
 
-    # ---------------------------------------------------------------- handlers
-    async def _h_get(self, items: list) -> list:
-        for h, _ in items:
-            ev = self._expected.get(h)
-            if ev is not None and h not in self.store:
-                try:
-                    await asyncio.wait_for(ev.wait(), RELAY_WAIT_S)
-                except asyncio.TimeoutError:
-                    pass  # served as unknown (None): the caller fetches it from another holder
-        t0 = time.perf_counter()
-        out = await asyncio.to_thread(self._serve, items)
-        self.timing["serve_s"] += time.perf_counter() - t0
-        return out
-
-    def _h_expect(self, hashes: list) -> int:
-        self.expect(hashes)
-        return len(self._expected)
-
-    def _serve(self, items: list) -> list:
-        """Shards by hash: [hash, base or None] -> {"dense": bytes} or a delta, None if unknown."""
-        out = []
-        for h, base in items:
-            if h not in self.store:
-                out.append(None)
-                continue
-            data = self.store.get(h)
-            d = self._delta(base, h) if base is not None and base in self.store else None
-            if d is None:
-                out.append({"dense": bytes(data)})
-                self.sent_bytes += len(data)
-            else:
-                out.append(d.to_wire())
-                self.sent_bytes += d.nbytes
-        return out
-
-    def _h_state(self) -> dict:
-        return {"receiver": to_serialize(self.receiver()), "sent_bytes": self.sent_bytes,
-                "received_bytes": self.received_bytes, "received_dense_bytes": self.received_dense_bytes,
-                "received_from": dict(self.received_from), "timing": dict(self.timing),
-                "refetches": self.refetches}
-
-    async def _h_pull(self, hops, manifest) -> dict:
-        t0 = time.perf_counter()
-        out = await self.pull(hops, manifest)
-        return out | {"seconds": time.perf_counter() - t0}
-
-    async def _h_commit(self, version: int) -> dict:
-        from rose.worker import rose_worker_of
-
-        t0 = time.perf_counter()
-        tensors = await asyncio.to_thread(self.staged_tensors, version)
-        plugin = rose_worker_of(self.worker)
-        # Only the rollout engine is a sync target, never a serving model: the swap goes to the
-        # plugin's rollout engine loop, between two of its iterations.
-        if plugin is not None and plugin.loop is not None:
-            try:
-                await asyncio.wrap_future(plugin.loop.load_weights(tensors, version))
-            except BaseException:  # the engine kept its version: so does the endpoint
-                self.store.release(self.staged)
-                raise
-        self.commit()
-        if plugin is not None:  # the placement learns the new version before the sync task returns
-            plugin.send_report(force=True)
-        return {"worker": self.worker.address, "weight_version": version, "seconds": time.perf_counter() - t0}
-
-    def _h_abort(self) -> dict:
-        return {"dropped": self.abort()}
-
-    def _h_digest(self) -> dict:
-        """xxh3 of every committed parameter's bytes, to check receivers against the source."""
-        if self.manifest is None:
-            return {}
-        return {k: tensor_digest(v) for k, v in assemble(self.manifest, self.store.get).items()}
-
 
 def _payload_bytes(reply) -> int:
     if reply is None:
         return 0
     return len(reply["dense"]) if "dense" in reply else len(reply["positions"]) + len(reply["values"]) + 16
 
-
-def tensor_digest(t: torch.Tensor) -> str:
-    return shard_hash(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())

