@@ -1,6 +1,6 @@
 """Claim: the placement policy decides fast enough for a large cluster (target < 50 us a decision with
 1,000 workers and 10,000 waiting tasks), measured against a direct scan of every worker per task (the
-obvious implementation, as in the placement spike) in the same run.
+obvious implementation) in the same run.
 
 The cluster: 20 % dedicated workers, 80 % serving workers with spare capacity between 0 and 64
 sequences; 10 % of the workers one weight version behind. The tasks: GRPO groups of 8 from four
