@@ -113,21 +113,23 @@ def _run(pipeline, client, spec, steps, progress, on_step) -> Report:
     prepared = client.gather([client.submit(prepare_worker, spec, workers=[a], pure=False, key=f"rose-prepare-{a}")
                               for a in [trainer] + rollout_workers])
     logger.info("workers prepared in %.1f s: %s", time.perf_counter() - t0, prepared)
-    run = _Run(pipeline, client, Fleet(client, spec, trainer, rollout_workers), on_step,
-               tqdm(total=steps, desc=pipeline.name, disable=not progress, unit="step"))
-    try:
+    run = _Run(pipeline, client, Fleet(client, spec, trainer, rollout_workers))
+    with tqdm(total=steps, desc=pipeline.name, disable=not progress, unit="step") as bar:
         for action in plan_run(steps, pipeline.staleness):
-            run.do(action)
-    finally:
-        run.bar.close()
+            row = run.do(action)
+            if row is not None:
+                bar.update(1)
+                bar.set_postfix(reward=f"{row['reward_mean']:.3f}", failed=row["failed"])
+                if on_step:
+                    on_step(row)
     return run.report()
 
 
 class _Run:
     """The run's state between actions: the steps in flight, the rows and trajectories of finished ones."""
 
-    def __init__(self, pipeline, client, fleet: Fleet, on_step, bar):
-        self.pipeline, self.client, self.fleet, self.on_step, self.bar = pipeline, client, fleet, on_step, bar
+    def __init__(self, pipeline, client, fleet: Fleet):
+        self.pipeline, self.client, self.fleet = pipeline, client, fleet
         self.inflight: dict[int, Step] = {}
         self.version = 0  # weights the engines hold: those of the last finished step
         self.rows: list[dict] = []
@@ -136,7 +138,8 @@ class _Run:
         self.expected: set[str] = set()  # trajectory ids asked for
         self.t_last = time.perf_counter()
 
-    def do(self, action) -> None:
+    def do(self, action) -> dict | None:
+        """Carry out one action; a finished step's row for `finish`. Raises RunError with the report so far."""
         try:
             if action.kind == "start":
                 self.inflight[action.step] = Step.start(self.pipeline, self.client, self.fleet, action.step,
@@ -148,7 +151,7 @@ class _Run:
             elif action.kind == "trained":
                 self.inflight[action.step].wait_trained()
             else:
-                self._record(self.inflight[action.step])
+                return self._record(self.inflight[action.step])
         except Exception as e:
             # Keep what the finished steps produced: the caller (and `rose run`) can save it.
             err = RunError(f"step {action.step} failed: {type(e).__name__}: {e}", step=action.step,
@@ -158,7 +161,7 @@ class _Run:
                 st.release()
             raise err from e
 
-    def _record(self, st: Step) -> None:
+    def _record(self, st: Step) -> dict:
         try:
             row, table = st.finish()
         finally:
@@ -171,10 +174,7 @@ class _Run:
         self.tables.append(table)
         self.seen.update(table["trajectory_id"].to_pylist())
         self.rows.append(row)
-        self.bar.update(1)
-        self.bar.set_postfix(reward=f"{row['reward_mean']:.3f}", failed=row["failed"])
-        if self.on_step:
-            self.on_step(row)
+        return row
 
     def report(self) -> Report:
         trajectories = pa.concat_tables(self.tables) if self.tables else TRAJECTORY_SCHEMA.empty_table()
