@@ -13,10 +13,13 @@ import pyarrow.parquet as pq
 # The columns of `Report.metrics`, one row per step. Seconds: rollout_s (submission to the last rollout
 # done), train_s (from when training could start to its metrics), trainer_compute_s (inside the train
 # step), sync_s, step_s (one step's share of the run's wall time). rollout_version: the weights its
-# rollouts ran on; weight_version: the weights its train step made.
+# rollouts ran on; weight_version: the weights its train step made. lost / duplicated: the step's
+# trajectory ledger (`rose.ledger`): planned ids its train op never received / extra rows it received.
+# workers_lost: rollout workers that left the run during the step.
 STEP_COLUMNS = ["step", "weight_version", "rollout_version", "reward_mean", "reward_std", "trajectories", "failed",
                 "tokens", "rollout_s", "train_s", "trainer_compute_s", "sync_s", "step_s", "rollout_tok_s",
-                "logprob_mismatch", "loss", "sync_bytes", "sync_refetches"]
+                "logprob_mismatch", "loss", "sync_bytes", "sync_refetches", "lost", "duplicated",
+                "workers_lost"]
 
 
 def step_row(step: int, version: int, table: pa.Table, metrics: dict, rollout_s: float, train_s: float,
@@ -27,9 +30,12 @@ def step_row(step: int, version: int, table: pa.Table, metrics: dict, rollout_s:
     ok = fr != "failed"
     masks = table["loss_mask"].combine_chunks()
     tokens = int(np.asarray(masks.values.to_numpy(zero_copy_only=False)).sum())
+    # A failed trajectory earns nothing and counts as 0: averaged over the survivors alone, a step where
+    # most trajectories failed would read as well as the few that finished.
+    earned = np.where(ok, rewards, 0.0)
     return {"step": step, "weight_version": version,
-            "reward_mean": float(np.mean(rewards[ok])) if ok.any() else float("nan"),
-            "reward_std": float(np.std(rewards[ok])) if ok.any() else float("nan"),
+            "reward_mean": float(np.mean(earned)) if len(earned) else float("nan"),
+            "reward_std": float(np.std(earned)) if len(earned) else float("nan"),
             "trajectories": table.num_rows, "failed": int((~ok).sum()), "tokens": tokens,
             "rollout_s": rollout_s, "train_s": train_s, "trainer_compute_s": metrics.get("train_s", float("nan")),
             "sync_s": sync_s,
@@ -43,8 +49,9 @@ class Report:
     pipeline: str
     metrics: pd.DataFrame  # one row per step, STEP_COLUMNS
     trajectories: pa.Table  # every trajectory of the run, trajectory schema
-    lost: int  # trajectory ids asked for but never returned
-    duplicated: int  # trajectory ids returned more than once
+    lost: int  # trajectory ids planned but never received by a train op (the ledger; sum over steps)
+    duplicated: int  # extra rows a train op received: an id again, or one never planned
+    workers_lost: int = 0  # rollout workers that left during the run (each replaced or waited out)
 
     @property
     def summary(self) -> dict:
@@ -56,7 +63,7 @@ class Report:
             zero_copy_only=False).sum()) if self.trajectories.num_rows else 0
         return {"pipeline": self.pipeline, "steps": n, "reward_first5": round(first, 4),
                 "reward_last5": round(last, 4), "trajectories": self.trajectories.num_rows, "failed": failed,
-                "lost": self.lost, "duplicated": self.duplicated,
+                "lost": self.lost, "duplicated": self.duplicated, "workers_lost": self.workers_lost,
                 "logprob_mismatch": round(float(m["logprob_mismatch"].mean()), 6) if n else float("nan")}
 
     def plot(self, path: str) -> str:

@@ -8,7 +8,6 @@ version old, and GRPO's importance weight against the engines' recorded log-prob
 """
 from __future__ import annotations
 
-import collections
 import logging
 import time
 from dataclasses import replace
@@ -134,8 +133,6 @@ class _Run:
         self.version = 0  # weights the engines hold: those of the last finished step
         self.rows: list[dict] = []
         self.tables: list[pa.Table] = []
-        self.seen: collections.Counter = collections.Counter()  # trajectory id -> times returned
-        self.expected: set[str] = set()  # trajectory ids asked for
         self.t_last = time.perf_counter()
 
     def do(self, action) -> dict | None:
@@ -169,16 +166,14 @@ class _Run:
         del self.inflight[st.step]
         now = time.perf_counter()
         row["step_s"], self.t_last = now - self.t_last, now
-        self.expected |= st.ids
         self.version = row["weight_version"]
         self.tables.append(table)
-        self.seen.update(table["trajectory_id"].to_pylist())
+        row["workers_lost"] = len(self.fleet.lost) - sum(r["workers_lost"] for r in self.rows)
         self.rows.append(row)
         return row
 
     def report(self) -> Report:
         trajectories = pa.concat_tables(self.tables) if self.tables else TRAJECTORY_SCHEMA.empty_table()
-        lost = len(self.expected - set(self.seen))
-        duplicated = sum(1 for c in self.seen.values() if c > 1)
-        return Report(self.pipeline.name, pd.DataFrame(self.rows, columns=STEP_COLUMNS), trajectories, lost,
-                      duplicated)
+        return Report(self.pipeline.name, pd.DataFrame(self.rows, columns=STEP_COLUMNS), trajectories,
+                      sum(r["lost"] for r in self.rows), sum(r["duplicated"] for r in self.rows),
+                      len(self.fleet.lost))

@@ -7,6 +7,7 @@ are what its train node takes in.
 """
 from __future__ import annotations
 
+import logging
 import time
 
 import pyarrow as pa
@@ -15,9 +16,12 @@ from distributed import wait
 from rose.errors import RunError
 from rose.graph import LowerContext, lower
 from rose.graph.submit import submit
+from rose.ledger import reconcile
 from rose.report import step_row
 from rose.runtime.protocol import rollout_addresses
 from rose.runtime.trajectory import concat
+
+logger = logging.getLogger("rose.run")
 
 # Which phases each part of a step submits.
 PARTS = {"gen": ("rollout", "reward"), "train": ("train",), "sync": ("sync",)}
@@ -55,8 +59,7 @@ class Step:
     def start(cls, pipeline, client, fleet, step: int, version: int) -> "Step":
         """Build, validate and lower the step's graph on the weights `version`; submit its rollouts and rewards."""
         fleet.settle(version)
-        if not fleet.ready and not fleet.joining:
-            raise RunError("no rollout worker is left in the run", step=step)
+        fleet.wait_for_worker(version, pipeline.cluster.worker_wait_s, step)
         graph = pipeline.build(step)
         graph.validate_step()
         ctx = LowerContext(step, version, graph.name, tuple(fleet.ready), pipeline.seed,
@@ -117,11 +120,18 @@ class Step:
         statuses = [s for sync_result in syncs for s in sync_result["statuses"]]
         self.fleet.synced_to(statuses)
         new_versions = {s["weight_version"] for s in statuses}
-        if new_versions != {metrics["weight_version"]}:
+        # No receiver (every rollout worker of the step left): workers that join catch up on their own.
+        if statuses and new_versions != {metrics["weight_version"]}:
             raise RunError(f"engines hold weight versions {sorted(new_versions)} after sync, the trainer "
                            f"{metrics['weight_version']}", step=self.step)
         table = concat(batches)
         row = step_row(self.step, metrics["weight_version"], table, metrics, self.rollout_s, train_s, sync_s)
+        ledger = reconcile(self.step, self.ids, metrics["trajectory_ids"])
+        if ledger.lost or ledger.duplicated:
+            logger.error("step %d: %d planned trajectories never reached the trainer (%s), %d rows came again "
+                         "or unplanned (%s)", self.step, ledger.lost, ", ".join(ledger.lost_ids), ledger.duplicated,
+                         ", ".join(ledger.duplicated_ids))
+        row["lost"], row["duplicated"] = ledger.lost, ledger.duplicated
         row["rollout_version"] = self.version
         row["sync_bytes"] = sum(s.get("sent_bytes", 0) for s in syncs)
         row["sync_refetches"] = sum(s.get("refetches", 0) for s in syncs)

@@ -26,6 +26,8 @@ def train_step(cfg: GRPOConfig, *batches: pa.RecordBatch) -> dict:
     trainer = w.host.trainer
     table = concat(list(batches))
     metrics = trainer.step(table, cfg)
+    # What the trainer received, row by row: the driver's ledger checks it against what was planned.
+    metrics["trajectory_ids"] = table["trajectory_id"].to_pylist()
     if trainer.version != w.weights.version:
         t0 = time.perf_counter()
         w.weights.publish(trainer.model.state_dict(), trainer.version)

@@ -158,8 +158,24 @@ def test_cli_run_prints_the_json_summary_last(cluster, tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     assert set(summary) == {"pipeline", "steps", "reward_first5", "reward_last5", "trajectories", "failed", "lost",
-                            "duplicated", "logprob_mismatch"}
+                            "duplicated", "workers_lost", "logprob_mismatch"}
     assert summary["steps"] == 1 and summary["trajectories"] == 128 and summary["lost"] == 0
     for f in ("metrics.csv", "trajectories.parquet", "summary.json", "reward.png"):
         assert (tmp_path / "run" / f).stat().st_size > 0
     assert np.isfinite(summary["logprob_mismatch"])
+
+
+def test_the_ledger_counts_a_lost_and_a_repeated_trajectory(cluster):
+    import tests.helpers.mangle  # noqa: F401  (registers the test-mangle op)
+    from rose.graph import rl_step
+
+    def build(step):
+        g = rl_step("mangled", "guess", 2, 2)
+        m = g.add("mangle", "test-mangle", inputs={"trajectories": g.nodes["reward"].out("trajectories")})
+        g.nodes["train"].inputs["trajectories"] = m.out("trajectories")
+        return g
+
+    p = rose.Pipeline(name="mangled", env="guess", build=build, steps=1, engine=rose.EngineConfig(dtype="float32"))
+    report = rose.run(p, cluster=cluster, progress=False)
+    assert (report.lost, report.duplicated) == (1, 1)
+    assert report.metrics[["lost", "duplicated"]].values.tolist() == [[1, 1]]
