@@ -46,7 +46,7 @@ def run_cmd(pipeline, steps, seed, out, scheduler, staleness, as_json):
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("distributed").setLevel(logging.WARNING)
     cols = ["step", "reward_mean", "reward_std", "trajectories", "failed", "tokens", "rollout_s", "train_s",
-            "sync_s", "step_s", "logprob_mismatch"]
+            "sync_s", "step_s", "logprob_mismatch", "lost", "workers_lost"]
     widths = [max(len(c), 8) for c in cols]
     from tqdm.auto import tqdm
 

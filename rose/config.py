@@ -137,6 +137,9 @@ class ClusterConfig:
     dedicated_slots: int | None = None
     elastic: ElasticConfig = ElasticConfig()  # policy "elastic": on-demand dedicated workers
     shed_after_s: float = 0.5  # a worker over its slots this long is asked to shed rollouts (s)
+    # With no rollout worker left, a run waits this long for one (a nanny's restart, a new worker, the
+    # elastic scaler) before it fails (s).
+    worker_wait_s: float = 180.0
     # A dedicated worker bound to a trainer core takes no rollouts while a train step runs (it starts
     # `--rose-colocated`); only asynchronous runs overlap the two. False: they share the core.
     yield_to_trainer: bool = True
@@ -145,6 +148,7 @@ class ClusterConfig:
         c = "ClusterConfig"
         config_check(self.policy in POLICIES, c, "policy", self.policy, f"one of {list(POLICIES)}")
         _positive(c, "shed_after_s", self.shed_after_s, allow_zero=True)
+        _positive(c, "worker_wait_s", self.worker_wait_s, allow_zero=True)
         config_check(self.dedicated_slots is None or self.dedicated_slots >= 1, c, "dedicated_slots",
                      self.dedicated_slots, ">= 1 or None")
         _positive(c, "num_dedicated", self.num_dedicated, allow_zero=True)

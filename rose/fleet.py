@@ -32,6 +32,13 @@ def roles_of(client: Client) -> dict[str, list[str]]:
     return {k: sorted(v) for k, v in by_role.items()}
 
 
+# What the stimulus ids with which the scheduler removes a worker mean.
+_CAUSES = (("handle-worker-cleanup", "its connection to the scheduler closed: the process died, was killed "
+                                     "(e.g. out of memory) or lost the network"),
+           ("check-worker-ttl", "it missed its heartbeats for distributed.scheduler.worker-ttl"),
+           ("retire-workers", "it was retired (scaled down)"))
+
+
 class Fleet:
     def __init__(self, client: Client, spec, trainer: str, ready: list[str]):
         self.client = client
@@ -42,6 +49,7 @@ class Fleet:
         self.catching_up: set[str] = set()  # joining workers that only miss weights (no engine to build)
         self.failed: dict[str, str] = {}  # address -> why it could not join
         self.roles: dict[str, list[str]] = {}  # worker addresses by role, as of the last poll
+        self.lost: dict[str, str] = {}  # address -> why it left the run (the scheduler's cause)
         self._n = 0
 
     @property
@@ -55,7 +63,8 @@ class Fleet:
         self.roles = roles_of(self.client)
         current = set(rollout_addresses(self.roles))
         for a in [a for a in self.synced if a not in current]:
-            logger.warning("rollout worker %s left the run", a)
+            self.lost[a] = self._departure(a)
+            logger.warning("rollout worker %s left the run (%s)", a, self.lost[a])
             del self.synced[a]
         for a, fut in list(self.joining.items()):
             if a not in current:
@@ -86,6 +95,43 @@ class Fleet:
             self.joining[a] = self.client.submit(catch_up, None, (a,), workers=[self.trainer], pure=False,
                                                  key=f"rose-catch-up-{a}-{self._n}")
             self.catching_up.add(a)
+
+    def _departure(self, addr: str) -> str:
+        """Why the scheduler removed `addr`, from the placement plugin's event log (its stimulus id names
+        the cause: a closed connection, missed heartbeats, a retirement)."""
+        def removed(dask_scheduler, addr=addr):
+            plugin = dask_scheduler.plugins.get(PLUGIN_NAME)
+            events = plugin.book.events if plugin is not None else ()
+            return [e.stimulus_id for e in events if e.kind == "removed" and e.worker == addr][-1:]
+
+        try:
+            found = self.client.run_on_scheduler(removed)
+        except Exception as e:  # the scheduler is going away too
+            return f"cause unknown: {type(e).__name__}: {e}"
+        if not found:
+            return "the scheduler gave no cause"
+        why = next((text for prefix, text in _CAUSES if found[0].startswith(prefix)), "")
+        return f"{why}; scheduler stimulus {found[0]}" if why else f"scheduler stimulus {found[0]}"
+
+    def wait_for_worker(self, version: int, timeout_s: float, step: int, poll_s: float = 1.0) -> None:
+        """With no rollout worker ready or joining, wait up to `timeout_s` for one to connect (a nanny
+        restarting the one that died, a new worker, the elastic scaler); RunError after that."""
+        import time
+
+        from rose.errors import RunError
+
+        if self.ready or self.joining:
+            return
+        logger.warning("step %d: no rollout worker is left in the run (lost: %s); waiting up to %.0f s for one",
+                       step, self.lost or "none", timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while not (self.ready or self.joining):
+            if time.monotonic() >= deadline:
+                raise RunError(f"no rollout worker is left in the run and none connected in {timeout_s:.0f} s "
+                               f"(workers lost: {self.lost}; could not join: {self.failed})", step=step)
+            time.sleep(poll_s)
+            self.poll(version)
+        logger.warning("step %d: a rollout worker connected; the run goes on", step)
 
     def settle(self, version: int, timeout: float = 60.0) -> None:
         """Before a step: let workers that only miss weights (they joined during the last step, after its

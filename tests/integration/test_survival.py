@@ -1,0 +1,53 @@
+"""A run survives what clusters do to it: its only rollout worker killed mid-run (the nanny restarts it)."""
+import os
+import signal
+import time
+
+import pytest
+
+import rose
+from rose.config import ClusterConfig
+from tests.integration.helpers import FP32, small_pipeline
+
+pytestmark = pytest.mark.integration
+
+
+def test_a_run_survives_its_only_rollout_worker_killed_mid_run():
+    from distributed import Client
+
+    from rose.fleet import roles_of
+    from rose.runtime.cluster import LocalRoseCluster
+
+    p = small_pipeline("guess", groups=4, group_size=4, steps=4)
+    with LocalRoseCluster(ClusterConfig(num_dedicated=1), FP32) as cluster, Client(cluster) as client:
+        (victim,) = roles_of(client)["dedicated"]
+        pid = client.run(os.getpid, workers=[victim])[victim]
+        killed = []
+
+        def on_step(row):
+            if row["step"] == 0:  # SIGKILL, as the kernel's OOM killer would: no goodbye to the scheduler
+                os.kill(pid, signal.SIGKILL)
+                killed.append(row["step"])
+                # Step 1 starts once the scheduler has dropped the worker and before the nanny's new one
+                # is up (seconds: a new process, then vLLM's imports): it finds no rollout worker at all.
+                deadline = time.monotonic() + 30
+                while victim in client.scheduler_info(n_workers=-1)["workers"] and time.monotonic() < deadline:
+                    time.sleep(0.05)
+
+        report = rose.run(p, cluster=client, on_step=on_step, progress=False)
+        (replacement,) = roles_of(client)["dedicated"]
+    assert killed == [0]
+    assert report.metrics["step"].tolist() == [0, 1, 2, 3]
+    assert report.lost == 0 and report.duplicated == 0 and report.summary["failed"] == 0
+    assert report.workers_lost == 1 and report.metrics["workers_lost"].sum() == 1
+    assert replacement != victim
+    later = report.trajectories.filter(rose_step_at_least(report.trajectories, 2))
+    assert set(later["worker"].to_pylist()) == {replacement}  # the nanny's new worker ran the later rollouts
+    # every version the trainer made reached the engines: the last steps ran on the versions before them
+    assert report.metrics["rollout_version"].tolist()[-1] == 3
+
+
+def rose_step_at_least(table, step):
+    import pyarrow.compute as pc
+
+    return pc.greater_equal(table["step"], step)

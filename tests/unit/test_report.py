@@ -1,0 +1,24 @@
+"""A step's row: failures cannot make its reward look better."""
+import math
+
+from rose.report import step_row
+from rose.runtime.trajectory import Trajectory, to_batch, with_rewards
+
+
+def _table(rewards, failed):
+    trajs = [Trajectory(0, 0, i, "guess", 1, finish_reason="failed" if f else "done") for i, f in enumerate(failed)]
+    import pyarrow as pa
+
+    return pa.Table.from_batches([with_rewards(to_batch(trajs), [math.nan if f else r
+                                                                  for r, f in zip(rewards, failed)])])
+
+
+def test_failed_trajectories_count_as_zero_reward():
+    row = step_row(0, 1, _table([1.0, 1.0, 1.0, 1.0], [False, True, True, True]), {}, 1.0, 1.0, 0.1)
+    assert row["failed"] == 3 and row["trajectories"] == 4
+    assert row["reward_mean"] == 0.25  # not 1.0: the survivors alone would read as a perfect step
+
+
+def test_a_step_without_failures_averages_its_rewards():
+    row = step_row(0, 1, _table([1.0, 0.0, 0.5, 0.5], [False] * 4), {}, 1.0, 1.0, 0.1)
+    assert row["failed"] == 0 and row["reward_mean"] == 0.5
