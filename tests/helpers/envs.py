@@ -70,3 +70,23 @@ class ScriptedEnv:
     @classmethod
     def demonstration(cls, rng: random.Random):
         return [("start 1\n", False), ("ok\n", True), ("obs 1\n", False)]
+
+
+class ChattyEnv(GuessEnv):
+    """Six turns whatever the policy says, each answered with seven tokens of `guess` words: contexts
+    grow past 60 tokens, so a step's prefills of late turns exceed an engine iteration's token budget."""
+
+    name = "chatty"
+    turns = 6
+
+    def __init__(self):
+        super().__init__(max_turns=self.turns)
+
+    def reset(self, seed):
+        super().reset(seed)
+        self.t = 0
+        return "find 1 16\n"
+
+    def step(self, action):
+        self.t += 1
+        return StepResult("higher lower higher lower higher lower\n", 0.1, self.t >= self.turns)

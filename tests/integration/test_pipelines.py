@@ -179,3 +179,16 @@ def test_the_ledger_counts_a_lost_and_a_repeated_trajectory(cluster):
     report = rose.run(p, cluster=cluster, progress=False)
     assert (report.lost, report.duplicated) == (1, 1)
     assert report.metrics[["lost", "duplicated"]].values.tolist() == [[1, 1]]
+
+
+def test_long_conversations_do_not_fail(cluster):
+    # Six turns of seven-token answers, 128 at once: late turns' prefills exceed an iteration's token
+    # budget. vLLM's chunked prefill then rewound the seeded CPU generators and failed whole iterations
+    # ("CPU Generator does not use offset"; 125 of 128 trajectories failed in this step before the fix).
+    p = small_pipeline("tests.helpers.envs:ChattyEnv", model_env="guess", groups=16, group_size=8, steps=1)
+    report = rose.run(p, cluster=cluster, progress=False)
+    t = report.trajectories.to_pylist()
+    assert [r["error"] for r in t if r["finish_reason"] == "failed"] == []
+    assert all(len(r["turn_offsets"]) == 6 for r in t)
+    assert min(len(r["token_ids"]) for r in t) > 32
+    assert report.lost == 0 and report.duplicated == 0

@@ -75,9 +75,20 @@ class VllmEngine:
         from vllm.engine.arg_utils import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine
 
+        from vllm.config import SchedulerConfig
+        from vllm.platforms import current_platform
+
         self.max_model_len = max_model_len
         self._version = 0
         _request_amx()
+        # No chunked prefill on CPU. A prefill cut at the iteration's token budget (late turns of a
+        # long conversation, a hundred of them at once) samples a token it then discards, and vLLM
+        # rewinds the request's seeded generator by its offset: CPU generators have none, and the
+        # RuntimeError ("CPU Generator does not use offset") failed the whole iteration, every request
+        # in it (seen: 361 of 384 six-turn trajectories). Unchunked, a prefill that does not fit waits
+        # for the next iteration whole; the budget must then hold the longest one.
+        chunked = not current_platform.is_cpu()
+        budget = None if chunked else max(max_model_len, SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS)
         args = EngineArgs(
             model=model_dir,
             dtype=cfg.dtype,
@@ -91,6 +102,8 @@ class VllmEngine:
             logprobs_mode="processed_logprobs",
             gpu_memory_utilization=cfg.gpu_memory_utilization,
             enable_sleep_mode=sleep_mode,
+            enable_chunked_prefill=None if chunked else False,  # None: vLLM's default
+            max_num_batched_tokens=budget,
         )
         self.can_sleep = sleep_mode
         self._engine = LLMEngine.from_engine_args(args)
