@@ -4,16 +4,20 @@ A worker is *ready* when it holds the run's model at the weight version of the s
 come and go during a run (an elastic scaler adds some, a by-hand `dask worker` joins, one dies): a
 worker that connects mid-run is *joining* while it builds its engine (`prepare_worker`) and is brought
 to the current version by a catch-up sync from the trainer; until then the placement plugin keeps
-rollouts off it (its engine is behind the tasks' weight version). A worker that left is dropped; Dask
-re-runs its unfinished tasks and the plugin places them elsewhere.
+rollouts off it (its engine is behind the tasks' weight version). A worker whose preparation fails is
+tried again, a few times, spaced out. A worker that left is dropped, with the scheduler's cause; Dask
+re-runs its unfinished tasks and the plugin places them elsewhere. With no rollout worker left, the
+run waits for one (`wait_for_worker`).
 """
 from __future__ import annotations
 
 import collections
 import logging
+import time
 
 from distributed import Client
 
+from rose.errors import RunError
 from rose.runtime.protocol import PLUGIN_NAME, WorkerReport, rollout_addresses
 from rose.runtime.worker.plugin import prepare_worker
 
@@ -32,6 +36,9 @@ def roles_of(client: Client) -> dict[str, list[str]]:
     return {k: sorted(v) for k, v in by_role.items()}
 
 
+JOIN_ATTEMPTS = 3  # times a connecting worker's preparation is tried before the run gives up on it
+JOIN_RETRY_S = 10.0  # seconds before the next attempt, times the attempts so far
+
 # What the stimulus ids with which the scheduler removes a worker mean.
 _CAUSES = (("handle-worker-cleanup", "its connection to the scheduler closed: the process died, was killed "
                                      "(e.g. out of memory) or lost the network"),
@@ -47,7 +54,9 @@ class Fleet:
         self.synced: dict[str, int] = {a: 0 for a in ready}  # ready worker -> weight version it holds
         self.joining: dict[str, object] = {}  # address -> Future of its catch-up
         self.catching_up: set[str] = set()  # joining workers that only miss weights (no engine to build)
-        self.failed: dict[str, str] = {}  # address -> why it could not join
+        self.failed: dict[str, str] = {}  # address -> why it could not join (last attempt)
+        self.attempts: collections.Counter = collections.Counter()  # address -> joins tried
+        self._retry_at: dict[str, float] = {}  # address -> monotonic time its next join may start
         self.roles: dict[str, list[str]] = {}  # worker addresses by role, as of the last poll
         self.lost: dict[str, str] = {}  # address -> why it left the run (the scheduler's cause)
         self._n = 0
@@ -77,11 +86,18 @@ class Fleet:
                     status = fut.result()
                 except Exception as e:
                     self.failed[a] = f"{type(e).__name__}: {e}"
-                    logger.error("worker %s could not join the run: %s", a, self.failed[a])
+                    last = self.attempts[a] >= JOIN_ATTEMPTS
+                    self._retry_at[a] = time.monotonic() + JOIN_RETRY_S * self.attempts[a]
+                    logger.error("worker %s could not join the run (attempt %d of %d%s): %s", a, self.attempts[a],
+                                 JOIN_ATTEMPTS, "; giving up on it" if last else "", self.failed[a])
                     continue
                 self.synced[a] = status["version"]
                 logger.info("worker %s joined the run at weight version %d", a, status["version"])
-        for a in sorted(current - set(self.synced) - set(self.joining) - set(self.failed)):
+        now = time.monotonic()
+        for a in sorted(current - set(self.synced) - set(self.joining)):
+            if a in self.failed and (self.attempts[a] >= JOIN_ATTEMPTS or now < self._retry_at[a]):
+                continue
+            self.attempts[a] += 1
             self._n += 1
             prep = self.client.submit(prepare_worker, self.spec, workers=[a], pure=False,
                                       key=f"rose-prepare-{a}-{self._n}")
@@ -116,10 +132,6 @@ class Fleet:
     def wait_for_worker(self, version: int, timeout_s: float, step: int, poll_s: float = 1.0) -> None:
         """With no rollout worker ready or joining, wait up to `timeout_s` for one to connect (a nanny
         restarting the one that died, a new worker, the elastic scaler); RunError after that."""
-        import time
-
-        from rose.errors import RunError
-
         if self.ready or self.joining:
             return
         logger.warning("step %d: no rollout worker is left in the run (lost: %s); waiting up to %.0f s for one",

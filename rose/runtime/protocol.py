@@ -78,8 +78,10 @@ class WorkerReport:
 
     @classmethod
     def from_msg(cls, msg: dict) -> "WorkerReport":
-        """Raises ValueError naming what is missing (a report without a role)."""
+        """Raises ValueError naming what is missing (a report without a role or a worker)."""
         if not isinstance(msg, dict) or "role" not in msg:
             raise ValueError(f"a worker report needs a 'role'; got {msg!r}")
+        if "worker" not in msg:
+            raise ValueError(f"a worker report needs a 'worker' (its address, or None); got {msg!r}")
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in msg.items() if k in known})
