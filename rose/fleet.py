@@ -92,6 +92,7 @@ class Fleet:
                                  JOIN_ATTEMPTS, "; giving up on it" if last else "", self.failed[a])
                     continue
                 self.synced[a] = status["version"]
+                self.failed.pop(a, None)
                 logger.info("worker %s joined the run at weight version %d", a, status["version"])
         now = time.monotonic()
         for a in sorted(current - set(self.synced) - set(self.joining)):

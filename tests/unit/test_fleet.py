@@ -50,6 +50,7 @@ def test_a_worker_whose_preparation_failed_is_tried_again():
     f.poll(2)  # ... fails; attempt 2 starts
     f.poll(2)  # ... joins
     assert f.ready == ["tcp://d"] and f.synced["tcp://d"] == 2 and f.attempts["tcp://d"] == 2
+    assert "tcp://d" not in f.failed
 
 
 def test_the_fleet_gives_up_on_a_worker_after_its_attempts():
