@@ -130,3 +130,21 @@ def test_a_turn_without_an_answer_fails_its_trajectory_at_the_deadline(tok):
     spec = RolloutSpec(0, 0, 0, "scripted", env_seed=1, request_timeout_s=0.2)
     traj = asyncio.run(agent_loop(spec, ScriptedEnv(), Silent(), tok, max_model_len=64))
     assert traj.finish_reason == "failed" and "no answer from the engine in 0.2 s" in traj.error
+
+
+def test_a_caller_that_gives_up_does_not_end_the_engine_thread():
+    # Dask cancels a rollout task's coroutine when the task is released; the request it waited on
+    # still finishes in the engine, whose thread must live on for everyone else's.
+    loop = EngineLoop(SlowSteps())
+
+    async def give_up():
+        task = asyncio.ensure_future(asyncio.wrap_future(loop.generate([1, 2], SamplingSpec(max_tokens=5))))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        await asyncio.sleep(0.5)  # the request finishes in the engine meanwhile
+
+    try:
+        asyncio.run(give_up())
+        assert len(loop.generate([1, 2], SamplingSpec(max_tokens=3)).result(timeout=5).token_ids) == 3
+    finally:
+        loop.close()

@@ -22,7 +22,7 @@ from rose.errors import EngineError
 from rose.runtime.coserve.serving_request import ServingRequest
 from rose.runtime.coserve.slo import RolloutSeq, RolloutView, ServingView, SloController
 from rose.runtime.engine.base import Engine, SamplingSpec
-from rose.runtime.engine.pending import PendingRollout, absorb, fail
+from rose.runtime.engine.pending import PendingRollout, absorb, engine_future, fail
 from rose.runtime.engine.thread import CommandThread, build, warm_up
 
 logger = logging.getLogger("rose.coserve")
@@ -72,7 +72,7 @@ class CoServingExecutor(CommandThread):
     # ---------------------------------------------------------------- any thread
     def generate(self, prompt_token_ids: list[int], spec: SamplingSpec, request_id: str | None = None) -> Future:
         """Rollout work: resolves to a `Generation`, however often it was preempted on the way."""
-        r = _Rollout(f"{request_id or 'rollout'}#{next(self._ids)}", Future(), prompt=list(prompt_token_ids),
+        r = _Rollout(f"{request_id or 'rollout'}#{next(self._ids)}", engine_future(), prompt=list(prompt_token_ids),
                      spec=spec)
         self._command("rollout", r)
         return r.future
@@ -90,7 +90,7 @@ class CoServingExecutor(CommandThread):
 
     def attach_rollout(self, rollout: Engine | Callable[[], Engine]) -> Future:
         """Give the executor its rollout engine (built on the executor's thread); resolves when ready."""
-        fut: Future = Future()
+        fut = engine_future()
         self._command("attach", (rollout, fut))
         return fut
 
@@ -105,7 +105,7 @@ class CoServingExecutor(CommandThread):
     def load_weights(self, named_tensors: dict, version: int) -> Future:
         """Swap the rollout engine's weights (never the serving engine's) between iterations, once no
         rollout request is in flight; rollout requests queued after the swap wait for it."""
-        fut: Future = Future()
+        fut = engine_future()
         self._command("load", (named_tensors, version, fut))
         return fut
 

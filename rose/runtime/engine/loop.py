@@ -16,7 +16,7 @@ from typing import Callable
 
 from rose.errors import EngineError
 from rose.runtime.engine.base import Engine, SamplingSpec
-from rose.runtime.engine.pending import PendingRollout, absorb, fail
+from rose.runtime.engine.pending import PendingRollout, absorb, engine_future, fail
 from rose.runtime.engine.thread import CommandThread, build
 
 logger = logging.getLogger("rose.engine")
@@ -60,7 +60,7 @@ class EngineLoop(CommandThread):
         return {"rollout_steps": self.iterations, "rollout_tokens": self.rollout_tokens, "busy_s": self.busy_s}
 
     def _submit(self, kind: str, payload) -> Future:
-        fut: Future = Future()
+        fut = engine_future()
         self._command(kind, (payload, fut))
         return fut
 

@@ -16,6 +16,15 @@ from rose.errors import EngineError
 from rose.runtime.engine.base import EngineOutput, Generation
 
 
+def engine_future() -> Future:
+    """A future the engine's thread resolves. It is marked running at once, so a caller that gives up
+    (an asyncio task cancelled by Dask, a deadline) cannot cancel it: a cancelled future would make
+    the thread's `set_result` raise and end the thread, and with it every request on the engine."""
+    fut: Future = Future()
+    fut.set_running_or_notify_cancel()
+    return fut
+
+
 @dataclass
 class PendingRollout:
     """One rollout request not yet resolved."""
