@@ -14,7 +14,7 @@ import pyarrow as pa
 from distributed import wait
 
 from rose.errors import RunError
-from rose.graph import LowerContext, lower
+from rose.graph import LowerContext, get_op, lower
 from rose.graph.submit import submit
 from rose.ledger import reconcile
 from rose.report import step_row
@@ -29,16 +29,12 @@ PARTS = {"gen": ("rollout", "reward"), "train": ("train",), "sync": ("sync",)}
 
 def _the(graph, phase: str):
     """The one node of `phase` (validate_step made sure there is one)."""
-    from rose.graph import get_op
-
     (node,) = [n for n in graph.nodes.values() if get_op(n.op).phase == phase]
     return node
 
 
 class Step:
     def __init__(self, client, fleet, step: int, version: int, graph, lowered):
-        from rose.graph import get_op
-
         self.client, self.fleet, self.step, self.version = client, fleet, step, version
         self.lowered = lowered
         self.train, self.sync = _the(graph, "train"), _the(graph, "sync")
