@@ -1,4 +1,4 @@
-"""`rose` command line: `rose run PIPELINE.py [--steps N] [--seed S] [--out DIR] [--json]`, and
+"""`rose` command line: `rose run PIPELINE.py [--steps N] [--seed S] [--out DIR] [--resume DIR] [--json]`, and
 `rose serve-load URL [--trace FILE | --rate R --burst ...] [--duration S]`."""
 from __future__ import annotations
 
@@ -37,8 +37,13 @@ def _fmt(v) -> str:
 @click.option("--staleness", type=click.IntRange(0, 1), default=None,
               help="0: synchronous steps; 1: the next step's rollouts run during this step's training "
                    "(default: the pipeline's)")
+@click.option("--resume", type=click.Path(file_okay=False, exists=True), default=None,
+              help="continue the run in this directory from its latest checkpoint (--out defaults to it; "
+                   "--steps counts all steps, done ones too)")
+@click.option("--checkpoint-every", type=click.IntRange(min=0), default=None,
+              help="checkpoint every N steps and after the last (0: never; default: the pipeline's)")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON summary line last")
-def run_cmd(pipeline, steps, seed, out, scheduler, staleness, as_json):
+def run_cmd(pipeline, steps, seed, out, scheduler, staleness, resume, checkpoint_every, as_json):
     """Run a pipeline's RL steps and report per-step metrics."""
     import rose
     from rose.errors import RoseError
@@ -59,18 +64,19 @@ def run_cmd(pipeline, steps, seed, out, scheduler, staleness, as_json):
 
     try:
         p = rose.load_pipeline(pipeline)
-        report = rose.run(p, cluster=scheduler, steps=steps, seed=seed, on_step=on_step, staleness=staleness)
+        out = out or resume or os.path.join("runs", p.name)
+        report = rose.run(p, cluster=scheduler, steps=steps, seed=seed, on_step=on_step, staleness=staleness,
+                          out=out, resume=resume, checkpoint_every=checkpoint_every)
     except RunError as e:
         if e.report is not None and len(e.report.metrics):
-            paths = e.report.save(out or os.path.join("runs", p.name))
-            click.echo(f"saved the {len(e.report.metrics)} finished steps: {', '.join(paths.values())}", err=True)
+            paths = e.report.save(out)
+            click.echo(f"saved the {len(e.report.metrics)} finished steps: {', '.join(paths.values())}; "
+                       f"`rose run {pipeline} --resume {out}` continues from the last checkpoint", err=True)
         raise click.ClickException(str(e)) from None
     except RoseError as e:
         raise click.ClickException(str(e)) from None
-    out = out or os.path.join("runs", p.name)
-    paths = report.save(out)
     summary = report.summary
-    click.echo(f"wrote {', '.join(paths.values())}", err=True)
+    click.echo(f"wrote the report and checkpoints to {out}", err=True)
     if as_json:
         click.echo(json.dumps(summary))
     else:

@@ -7,7 +7,8 @@ to the current version by a catch-up sync from the trainer; until then the place
 rollouts off it (its engine is behind the tasks' weight version). A worker whose preparation fails is
 tried again, a few times, spaced out. A worker that left is dropped, with the scheduler's cause; Dask
 re-runs its unfinished tasks and the plugin places them elsewhere. With no rollout worker left, the
-run waits for one (`wait_for_worker`).
+run waits for one (`wait_for_worker`). If the trainer leaves, every poll raises `TrainerLost`: the
+runner then restores a new trainer from the run's last checkpoint (`rose.runner`).
 """
 from __future__ import annotations
 
@@ -34,6 +35,24 @@ def roles_of(client: Client) -> dict[str, list[str]]:
         except ValueError:  # not a ROSE worker
             continue
     return {k: sorted(v) for k, v in by_role.items()}
+
+
+class TrainerLost(RunError):
+    """The run's trainer worker left; the runner restores a new one from the last checkpoint."""
+
+
+def wait_for_trainer(client: Client, timeout_s: float, poll_s: float = 1.0, gone: str | None = None) -> str:
+    """The address of a trainer worker (not `gone`), waiting up to `timeout_s` for one to connect (a nanny
+    restarting the one that died, or a new `dask worker ... --rose-role trainer`)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        trainers = [a for a in roles_of(client).get("trainer", []) if a != gone]
+        if trainers:
+            return trainers[0]
+        if time.monotonic() >= deadline:
+            raise RunError(f"no trainer worker connected in {timeout_s:.0f} s; start one with "
+                           "`dask worker ... --preload rose.worker --rose-role trainer`")
+        time.sleep(poll_s)
 
 
 JOIN_ATTEMPTS = 3  # times a connecting worker's preparation is tried before the run gives up on it
@@ -69,7 +88,7 @@ class Fleet:
         """Notice arrivals and departures; start or finish joins. Cheap: one scheduler call."""
         from rose.ops.train import catch_up
 
-        self.roles = roles_of(self.client)
+        self.check_trainer()
         current = set(rollout_addresses(self.roles))
         for a in [a for a in self.synced if a not in current]:
             self.lost[a] = self._departure(a)
@@ -112,6 +131,12 @@ class Fleet:
             self.joining[a] = self.client.submit(catch_up, None, (a,), workers=[self.trainer], pure=False,
                                                  key=f"rose-catch-up-{a}-{self._n}")
             self.catching_up.add(a)
+
+    def check_trainer(self) -> None:
+        """Refresh `roles`; raise TrainerLost if the run's trainer is no longer among them."""
+        self.roles = roles_of(self.client)
+        if self.trainer not in self.roles.get("trainer", ()):
+            raise TrainerLost(f"the trainer worker {self.trainer} left the run ({self._departure(self.trainer)})")
 
     def _departure(self, addr: str) -> str:
         """Why the scheduler removed `addr`, from the placement plugin's event log (its stimulus id names

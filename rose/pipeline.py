@@ -33,10 +33,16 @@ class Pipeline:
     # Weight versions a step's rollouts may lag the trainer: 0 synchronous; 1 asynchronous (step k+1's
     # rollouts run during step k's training, on the weights from before it). See rose.schedule.
     staleness: int = 0
+    # The trainer writes a checkpoint every this many steps and after the last (0: never; a lost trainer
+    # is then restored from the model's own weights). `rose run --resume RUN_DIR` continues from the
+    # latest one. See rose.checkpoint.
+    checkpoint_every: int = 10
 
     def __post_init__(self):
         config_check(callable(self.build), "Pipeline", "build", self.build, "a function step -> Graph")
         config_check(isinstance(self.steps, int) and self.steps >= 1, "Pipeline", "steps", self.steps, ">= 1")
+        config_check(isinstance(self.checkpoint_every, int) and self.checkpoint_every >= 0, "Pipeline",
+                     "checkpoint_every", self.checkpoint_every, "an int >= 0 (0: no checkpoints)")
         config_check(self.staleness in (0, 1) and isinstance(self.staleness, int), "Pipeline", "staleness",
                      self.staleness, "0 (synchronous) or 1 (rollouts overlap the previous step's training)")
         from rose.envs import env_class

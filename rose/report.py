@@ -52,6 +52,7 @@ class Report:
     lost: int  # trajectory ids planned but never received by a train op (the ledger; sum over steps)
     duplicated: int  # extra rows a train op received: an id again, or one never planned
     workers_lost: int = 0  # rollout workers that left during the run (each replaced or waited out)
+    trainer_restarts: int = 0  # trainer workers lost and replaced from a checkpoint during the run
 
     @property
     def summary(self) -> dict:
@@ -64,6 +65,7 @@ class Report:
         return {"pipeline": self.pipeline, "steps": n, "reward_first5": round(first, 4),
                 "reward_last5": round(last, 4), "trajectories": self.trajectories.num_rows, "failed": failed,
                 "lost": self.lost, "duplicated": self.duplicated, "workers_lost": self.workers_lost,
+                "trainer_restarts": self.trainer_restarts,
                 "logprob_mismatch": round(float(m["logprob_mismatch"].mean()), 6) if n else float("nan")}
 
     def plot(self, path: str) -> str:

@@ -5,11 +5,20 @@ come in the order `rose.schedule.plan_run` gives for the pipeline's staleness; e
 a `rose.step.Step`. In asynchronous mode (`Pipeline.staleness=1`) step k+1's rollouts run on the
 weights from before step k's training while the trainer works; step k+1 then trains on data one
 version old, and GRPO's importance weight against the engines' recorded log-probs corrects for it.
+
+Every `Pipeline.checkpoint_every` steps, and after the last, the trainer writes a checkpoint into the
+run directory (`rose.checkpoint`). `resume=RUN_DIR` continues a run from its latest checkpoint. If the
+trainer worker leaves mid-run, the runner waits for a new one (a nanny restarts it), prepares every
+worker from the latest checkpoint (the model's own weights if there is none yet) and redoes the steps
+after it, up to `TRAINER_RESTARTS` times.
 """
 from __future__ import annotations
 
 import logging
+import shutil
+import tempfile
 import time
+import uuid
 from dataclasses import replace
 from typing import Callable
 
@@ -17,8 +26,9 @@ import pandas as pd
 import pyarrow as pa
 from distributed import Client
 
+from rose.checkpoint import Checkpoint, RunDir
 from rose.errors import ConfigError, RunError
-from rose.fleet import Fleet, roles_of
+from rose.fleet import Fleet, TrainerLost, roles_of, wait_for_trainer
 from rose.pipeline import Pipeline, load_pipeline
 from rose.report import STEP_COLUMNS, Report
 from rose.runtime.protocol import ModelSpec, rollout_addresses
@@ -28,6 +38,8 @@ from rose.schedule import plan_run
 from rose.step import Step
 
 logger = logging.getLogger("rose.run")
+
+TRAINER_RESTARTS = 3  # trainer workers replaced in one run before it fails
 
 
 def _check_placement(client: Client) -> str | None:
@@ -48,12 +60,18 @@ def _check_placement(client: Client) -> str | None:
 
 def run(pipeline: Pipeline | str, cluster=None, steps: int | None = None, seed: int | None = None,
         progress: bool = True, on_step: Callable[[dict], None] | None = None,
-        staleness: int | None = None) -> Report:
+        staleness: int | None = None, out: str | None = None, resume: str | None = None,
+        checkpoint_every: int | None = None) -> Report:
     """Run `steps` RL steps of `pipeline` and return a Report.
 
     `cluster`: None (start a LocalRoseCluster for this run), a LocalRoseCluster or any Dask cluster
     object, a `distributed.Client`, or a scheduler address ("tcp://host:8786"). `staleness` overrides
     the pipeline's (0: synchronous, 1: the next step's rollouts overlap this step's training).
+    `out`: the run directory: the report (metrics.csv, trajectories.parquet, ...) is written there at
+    every checkpoint and at the end, the checkpoints under `out/checkpoints` (None: checkpoints go to
+    a temporary directory, removed after the run; they serve only to replace a lost trainer).
+    `resume`: a run directory to continue from its latest checkpoint, up to `steps` steps in all
+    (metrics and trajectories append; `out` defaults to it).
 
         report = rose.run("pipelines/guess.py", steps=20)
         report.metrics        # pandas DataFrame, one row per step
@@ -65,10 +83,20 @@ def run(pipeline: Pipeline | str, cluster=None, steps: int | None = None, seed: 
         pipeline = replace(pipeline, seed=seed)
     if staleness is not None:
         pipeline = replace(pipeline, staleness=staleness)  # validated there
+    if checkpoint_every is not None:
+        pipeline = replace(pipeline, checkpoint_every=checkpoint_every)
     steps = pipeline.steps if steps is None else steps
     if steps < 1:
         raise ConfigError(f"steps={steps} must be >= 1")
     pipeline.build(0).validate_step()  # malformed graphs fail here, before any cluster work
+    resume_from = None
+    if resume is not None:
+        resume_from = RunDir(resume).resume_point(pipeline.name, pipeline.seed, pipeline.staleness)
+        if resume_from.step + 1 >= steps:
+            raise ConfigError(f"the run in {resume!r} has finished steps 0..{resume_from.step}: ask for more than "
+                              f"steps={steps} to continue it")
+        out = out or resume
+    run_dir = RunDir(out if out is not None else tempfile.mkdtemp(prefix="rose-run-"))
 
     from rose.envs import env_class
 
@@ -79,64 +107,108 @@ def run(pipeline: Pipeline | str, cluster=None, steps: int | None = None, seed: 
     spec = ModelSpec(model_dir, pipeline.model.max_model_len, pipeline.engine, pipeline.seed)
 
     owned = []
-    if cluster is None:
-        from rose.runtime.cluster import LocalRoseCluster
-
-        cluster = LocalRoseCluster(pipeline.cluster, pipeline.engine)
-        owned.append(cluster)
-    if isinstance(cluster, Client):
-        client = cluster
-    else:
-        client = Client(cluster)
-        owned.insert(0, client)
     try:
-        return _run(pipeline, client, spec, steps, progress, on_step)
+        if cluster is None:
+            from rose.runtime.cluster import LocalRoseCluster
+
+            cluster = LocalRoseCluster(pipeline.cluster, pipeline.engine)
+            owned.append(cluster)
+        if isinstance(cluster, Client):
+            client = cluster
+        else:
+            client = Client(cluster)
+            owned.insert(0, client)
+        history = RunDir(resume).history(resume_from.step) if resume_from else ([], [])
+        return _run(pipeline, client, spec, steps, progress, on_step, run_dir, out is not None, resume_from, history)
     finally:
         for thing in owned:
             thing.close()
+        if out is None:
+            shutil.rmtree(run_dir.root, ignore_errors=True)
 
 
-def _run(pipeline, client, spec, steps, progress, on_step) -> Report:
+def _run(pipeline, client, spec, steps, progress, on_step, run_dir, persist, ckpt, history) -> Report:
     from tqdm.auto import tqdm
 
     roles = roles_of(client)
     if not roles.get("trainer"):
         raise ConfigError(f"the cluster has no trainer worker (roles: {roles}); start one with "
                           "`dask worker ... --preload rose.worker --rose-role trainer`")
-    rollout_workers = rollout_addresses(roles)
-    if not rollout_workers:
+    if not rollout_addresses(roles):
         raise ConfigError(f"the cluster has no rollout worker (roles: {roles})")
     _check_placement(client)
-    trainer = roles["trainer"][0]
-    t0 = time.perf_counter()
-    prepared = client.gather([client.submit(prepare_worker, spec, workers=[a], pure=False, key=f"rose-prepare-{a}")
-                              for a in [trainer] + rollout_workers])
-    logger.info("workers prepared in %.1f s: %s", time.perf_counter() - t0, prepared)
-    run = _Run(pipeline, client, Fleet(client, spec, trainer, rollout_workers))
-    with tqdm(total=steps, desc=pipeline.name, disable=not progress, unit="step") as bar:
-        for action in plan_run(steps, pipeline.staleness):
-            row = run.do(action)
-            if row is not None:
-                bar.update(1)
-                bar.set_postfix(reward=f"{row['reward_mean']:.3f}", failed=row["failed"])
-                if on_step:
-                    on_step(row)
-    return run.report()
+    rows, tables = history
+    restarts, gone = 0, None
+    with tqdm(total=steps, initial=len(rows), desc=pipeline.name, disable=not progress, unit="step") as bar:
+        while True:
+            run = _Run(pipeline, client, steps, run_dir, persist, rows, tables, restarts)
+            try:
+                run.prepare(spec, ckpt, gone)
+                for action in plan_run(steps, pipeline.staleness, first=len(rows)):
+                    row = run.do(action)
+                    if row is not None:
+                        bar.update(1)
+                        bar.set_postfix(reward=f"{row['reward_mean']:.3f}", failed=row["failed"])
+                        if on_step:
+                            on_step(row)
+            except TrainerLost as e:
+                run.release()
+                restarts, gone = restarts + 1, run.fleet.trainer if run.fleet else None
+                if restarts > TRAINER_RESTARTS:
+                    err = RunError(f"the trainer was lost {restarts} times (last: {e}); giving up", step=len(run.rows))
+                    err.report = run.report()
+                    raise err from e
+                ckpt = run_dir.latest()
+                done = ckpt.step if ckpt else -1
+                logger.warning("%s; restoring a new trainer from %s and redoing steps %d.. (restart %d of %d)", e,
+                               f"the checkpoint of step {done}" if ckpt else "the model (no checkpoint yet)",
+                               done + 1, restarts, TRAINER_RESTARTS)
+                rows, tables = run.upto(done)
+                bar.n = len(rows)
+                bar.refresh()
+                continue
+            if persist:
+                run.report().save(run_dir.root)
+            return run.report()
 
 
 class _Run:
     """The run's state between actions: the steps in flight, the rows and trajectories of finished ones."""
 
-    def __init__(self, pipeline, client, fleet: Fleet):
-        self.pipeline, self.client, self.fleet = pipeline, client, fleet
+    def __init__(self, pipeline, client, steps: int, run_dir: RunDir, persist: bool, rows: list[dict],
+                 tables: list[pa.Table], trainer_restarts: int):
+        self.pipeline, self.client, self.steps = pipeline, client, steps
+        self.run_dir, self.persist = run_dir, persist  # persist: also write the report at each checkpoint
+        self.fleet: Fleet | None = None
         self.inflight: dict[int, Step] = {}
         self.version = 0  # weights the engines hold: those of the last finished step
-        self.rows: list[dict] = []
-        self.tables: list[pa.Table] = []
+        self.rows: list[dict] = list(rows)
+        self.tables: list[pa.Table] = list(tables)
+        self.trainer_restarts = trainer_restarts
+        self.saved: dict[int, Checkpoint] = {}  # step -> its checkpoint, written, not yet committed
+        self._lost_counted = 0  # of fleet.lost, departures already in a row
         self.t_last = time.perf_counter()
 
+    def prepare(self, spec: ModelSpec, ckpt: Checkpoint | None, gone: str | None) -> None:
+        """Build every worker's engine or trainer for the run, from `ckpt`'s weights if given."""
+        trainer = wait_for_trainer(self.client, self.pipeline.cluster.worker_wait_s, gone=gone)
+        if ckpt is not None:
+            spec = replace(spec, weights_dir=ckpt.path, version=ckpt.weight_version)
+        rollout_workers = rollout_addresses(roles_of(self.client))
+        self.fleet = Fleet(self.client, spec, trainer, [])
+        self.version = spec.version
+        t0 = time.perf_counter()
+        tag = uuid.uuid4().hex[:8]  # keys of an earlier preparation (a replaced trainer) are not reused
+        futures = [self.client.submit(prepare_worker, spec, workers=[a], pure=False, key=f"rose-prepare-{a}-{tag}")
+                   for a in [trainer] + rollout_workers]
+        _await(futures, self.fleet.check_trainer)
+        prepared = self.client.gather(futures)
+        self.fleet.synced = {a: spec.version for a in rollout_workers}
+        logger.info("workers prepared in %.1f s: %s", time.perf_counter() - t0, prepared)
+
     def do(self, action) -> dict | None:
-        """Carry out one action; a finished step's row for `finish`. Raises RunError with the report so far."""
+        """Carry out one action; a finished step's row for `finish`. Raises RunError with the report so
+        far, or TrainerLost (the runner restores a trainer)."""
         try:
             if action.kind == "start":
                 self.inflight[action.step] = Step.start(self.pipeline, self.client, self.fleet, action.step,
@@ -147,16 +219,38 @@ class _Run:
                 self.inflight[action.step].submit(action.kind)
             elif action.kind == "trained":
                 self.inflight[action.step].wait_trained()
+                if self._checkpoint_due(action.step):
+                    self._save(self.inflight[action.step])
             else:
                 return self._record(self.inflight[action.step])
+        except TrainerLost:
+            raise
         except Exception as e:
             # Keep what the finished steps produced: the caller (and `rose run`) can save it.
             err = RunError(f"step {action.step} failed: {type(e).__name__}: {e}", step=action.step,
                            weight_version=self.version)
             err.report = self.report()
-            for st in self.inflight.values():
-                st.release()
+            self.release()
             raise err from e
+
+    def _checkpoint_due(self, step: int) -> bool:
+        every = self.pipeline.checkpoint_every
+        return every > 0 and ((step + 1) % every == 0 or step == self.steps - 1)
+
+    def _save(self, st: Step) -> None:
+        """The trainer writes its state after step `st` (before the next train step is submitted)."""
+        from rose.ops.train import save_checkpoint
+
+        version = st.trained_version()
+        path = self.run_dir.new_path(st.step)
+        fut = self.client.submit(save_checkpoint, path, version, workers=[self.fleet.trainer], pure=False,
+                                 key=f"rose-checkpoint-{st.step}-{uuid.uuid4().hex[:8]}")
+        _await([fut], lambda: self.fleet.poll(self.version))
+        info = fut.result()
+        logger.info("step %d: checkpoint of weight version %d written in %.1f s: %s", st.step, version,
+                    info["seconds"], path)
+        p = self.pipeline
+        self.saved[st.step] = Checkpoint(st.step, version, path, p.name, p.seed, p.staleness)
 
     def _record(self, st: Step) -> dict:
         try:
@@ -168,12 +262,41 @@ class _Run:
         row["step_s"], self.t_last = now - self.t_last, now
         self.version = row["weight_version"]
         self.tables.append(table)
-        row["workers_lost"] = len(self.fleet.lost) - sum(r["workers_lost"] for r in self.rows)
+        row["workers_lost"], self._lost_counted = len(self.fleet.lost) - self._lost_counted, len(self.fleet.lost)
         self.rows.append(row)
+        ckpt = self.saved.pop(st.step, None)
+        if ckpt is not None:  # the report first, then the pointer: a resume finds both at this step
+            if self.persist:
+                self.report().save(self.run_dir.root)
+            self.run_dir.commit(ckpt)
         return row
+
+    def upto(self, step: int) -> tuple[list[dict], list[pa.Table]]:
+        """The rows and trajectories of steps 0..`step` (those a checkpoint holds)."""
+        import pyarrow.compute as pc
+
+        return ([r for r in self.rows if r["step"] <= step],
+                [t.filter(pc.less_equal(t["step"], step)) for t in self.tables])
+
+    def release(self) -> None:
+        for st in self.inflight.values():
+            st.release()
+        self.inflight.clear()
 
     def report(self) -> Report:
         trajectories = pa.concat_tables(self.tables) if self.tables else TRAJECTORY_SCHEMA.empty_table()
         return Report(self.pipeline.name, pd.DataFrame(self.rows, columns=STEP_COLUMNS), trajectories,
                       sum(r["lost"] for r in self.rows), sum(r["duplicated"] for r in self.rows),
-                      len(self.fleet.lost))
+                      sum(r["workers_lost"] for r in self.rows), self.trainer_restarts)
+
+
+def _await(futures: list, check: Callable[[], None], poll_s: float = 0.5) -> None:
+    """Wait for `futures`, calling `check` (which may raise) between looks."""
+    from distributed import wait
+
+    while True:
+        try:
+            wait(futures, timeout=poll_s)
+            return
+        except TimeoutError:
+            check()

@@ -31,8 +31,13 @@ class Action:
             raise ValueError(f"unknown action kind {self.kind!r}; one of {KINDS}")
 
 
-def plan_run(steps: int, staleness: int) -> list[Action]:
-    """Every action of a run of `steps` steps, in order."""
+def plan_run(steps: int, staleness: int, first: int = 0) -> list[Action]:
+    """Every action of a run of `steps` steps, in order; from step `first` on (a resumed run: steps
+    before it are done), with the same shape as a run of `steps - first` steps."""
+    if not 0 <= first < steps:
+        raise ValueError(f"first={first} must be in [0, steps={steps})")
+    if first:
+        return [Action(a.kind, a.step + first) for a in plan_run(steps - first, staleness)]
     if steps < 1:
         raise ValueError(f"steps={steps} must be >= 1")
     if staleness not in (0, 1):

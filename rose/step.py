@@ -83,24 +83,33 @@ class Step:
     def _futures(self, keys: list[str]) -> list:
         return [self.futures[k] for k in keys]
 
-    def wait(self, poll_s: float = 0.5) -> None:
-        """Wait for the step's rollouts (letting workers that connect meanwhile join the run), then for
-        the scored trajectories its train node takes."""
-        rollouts = self._futures(self._rollout_keys)
+    def _await(self, futures: list, poll_s: float = 0.5) -> None:
+        """Wait for `futures`, polling the fleet meanwhile: workers that connect join the run, and a
+        trainer that left raises `TrainerLost` (tasks bound to it would otherwise wait forever)."""
         while True:
             try:
-                wait(rollouts, timeout=poll_s)
-                break
+                wait(futures, timeout=poll_s)
+                return
             except TimeoutError:
                 self.fleet.poll(self.version)
+
+    def wait(self) -> None:
+        """Wait for the step's rollouts, then for the scored trajectories its train node takes."""
+        rollouts = self._futures(self._rollout_keys)
+        self._await(rollouts)
         done = self._done_at["rollout"]
         last = max(done) if len(done) == len(rollouts) else time.perf_counter()
         self.rollout_s = last - self.submitted_at["gen"]
-        wait(self._futures(self.lowered.input_keys(self.train, "trajectories")))
+        self._await(self._futures(self.lowered.input_keys(self.train, "trajectories")))
 
     def wait_trained(self) -> None:
         """Wait for the step's train task (the trainer trains one step at a time)."""
-        wait(self._futures(self.lowered.keys_of(self.train.name, "metrics")))
+        self._await(self._futures(self.lowered.keys_of(self.train.name, "metrics")))
+
+    def trained_version(self) -> int:
+        """The weight version the step's train task made (once it is done)."""
+        (metrics,) = self.client.gather(self._futures(self.lowered.keys_of(self.train.name, "metrics")))
+        return metrics["weight_version"]
 
     def finish(self) -> tuple[dict, pa.Table]:
         """Gather the train metrics and the sync statuses; check every engine took the trained version;
@@ -111,6 +120,7 @@ class Step:
         ready = max(self.submitted_at["train"], self.submitted_at["gen"] + self.rollout_s)
         train_s = max(self._done_at["train"] or [time.perf_counter()]) - ready
         t0 = time.perf_counter()
+        self._await(self._futures(self.lowered.keys_of(self.sync.name, "status")))
         syncs = self.client.gather(self._futures(self.lowered.keys_of(self.sync.name, "status")))
         sync_s = time.perf_counter() - max(t0, self.submitted_at["sync"])
         statuses = [s for sync_result in syncs for s in sync_result["statuses"]]

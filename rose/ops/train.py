@@ -69,3 +69,28 @@ async def catch_up(_prepared, receivers: tuple[str, ...]) -> dict:
 
     w = rose_worker()
     return await sync_to(w.worker, w.weights, list(receivers))
+
+
+def save_checkpoint(path: str, version: int) -> dict:
+    """Task (on the trainer, between two train steps): write the trainer's state at `version` into the
+    new directory `path`, atomically: written beside it, then renamed, so `path` is whole or absent."""
+    import os
+    import shutil
+    import time
+
+    from rose.runtime.worker.plugin import rose_worker
+    from rose.runtime.worker.trainer import TrainerHost
+
+    w = rose_worker()
+    if not isinstance(w.host, TrainerHost) or w.host.trainer is None:
+        raise RuntimeError(f"worker {w.address} (role {w.role}) holds no trainer; was it prepared?")
+    trainer = w.host.trainer
+    if trainer.version != version:
+        raise RuntimeError(f"checkpoint of weight version {version} asked for, the trainer holds {trainer.version}")
+    t0 = time.perf_counter()
+    tmp = f"{path}.partial"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    trainer.save(tmp)
+    os.replace(tmp, path)
+    return {"path": path, "version": version, "seconds": time.perf_counter() - t0}

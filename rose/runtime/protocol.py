@@ -49,6 +49,14 @@ class ModelSpec:
     max_model_len: int  # tokens of context
     engine: EngineConfig
     seed: int = 0  # run seed: sampling seeds and the trainer's derive from it
+    # Where the run's weights start: None, `model_dir`'s own; else a checkpoint directory of the run
+    # (`rose.checkpoint`: a model directory of the same architecture, plus the trainer's state).
+    weights_dir: str | None = None
+    version: int = 0  # the weight version those weights are (0: the model's; k: after k train steps)
+
+    @property
+    def weights_from(self) -> str:
+        return self.weights_dir or self.model_dir
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,8 @@
 """The policy in training mode on the trainer worker: model, optimizer, one GRPO step per RL step."""
 from __future__ import annotations
 
+import os
+import shutil
 import time
 import warnings
 
@@ -12,6 +14,8 @@ import torch
 from rose.config import GRPOConfig
 from rose.runtime.grpo import group_advantages, grpo_loss, token_logprobs
 from rose.runtime.trajectory import flat_tokens
+
+TRAINER_STATE = "trainer.pt"  # in a checkpoint directory, beside the model's files
 
 
 def _pad(values: np.ndarray, offsets: np.ndarray, pad, dtype) -> torch.Tensor:
@@ -33,18 +37,48 @@ class Trainer:
         from transformers import AutoModelForCausalLM
 
         torch.manual_seed(seed)
+        self.model_dir = model_dir
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
         self.model.eval()
         self.temperature = temperature  # of the behaviour policy; the trainer scores at the same
         self.version = 0  # weights version the trainer holds; engines start at 0 too
         self.opt: torch.optim.Optimizer | None = None
+        self._opt_state: dict | None = None  # a checkpoint's optimizer state, loaded when `opt` is made
         self.pad_id = self.model.config.pad_token_id or 0
+
+    def save(self, path: str) -> None:
+        """Write everything the next step depends on into the (new, empty) directory `path`: the weights
+        as a model directory (config, safetensors, tokenizer: engines and `from_pretrained` load it as
+        is) and `trainer.pt` (optimizer state, RNG state, weight version)."""
+        self.model.save_pretrained(path, safe_serialization=True)
+        for name in os.listdir(self.model_dir):  # the tokenizer's files, and anything else not weights
+            src = os.path.join(self.model_dir, name)
+            if os.path.isfile(src) and not os.path.exists(os.path.join(path, name)) and not name.endswith(
+                    (".safetensors", ".bin", ".safetensors.index.json", ".rose-complete")):
+                shutil.copy2(src, path)
+        torch.save({"optimizer": self.opt.state_dict() if self.opt is not None else self._opt_state,
+                    "torch_rng": torch.get_rng_state(), "version": self.version},
+                   os.path.join(path, TRAINER_STATE))
+
+    def restore(self, path: str) -> None:
+        """Continue from a directory `save` wrote: the same weights, optimizer state, RNG and version."""
+        from transformers import AutoModelForCausalLM
+
+        state = torch.load(os.path.join(path, TRAINER_STATE), weights_only=False)
+        self.model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32)
+        self.model.eval()
+        self.opt, self._opt_state = None, state["optimizer"]
+        torch.set_rng_state(state["torch_rng"])
+        self.version = int(state["version"])
 
     def step(self, table: pa.Table, cfg: GRPOConfig) -> dict:
         """One GRPO update on the trajectories in `table` (failed ones are skipped). Returns metrics."""
         t0 = time.perf_counter()
         if self.opt is None:
             self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=0.0)
+            if self._opt_state is not None:  # restored: AdamW's moments and step counts as they were
+                self.opt.load_state_dict(self._opt_state)
+                self._opt_state = None
         ok = table.filter(pc.not_equal(table["finish_reason"], "failed"))
         metrics = {"trained_trajectories": ok.num_rows}
         if ok.num_rows == 0:  # every trajectory failed: nothing to learn, the version stays

@@ -78,3 +78,16 @@ def test_with_no_rollout_worker_the_run_waits_for_one():
     f.poll = poll
     f.wait_for_worker(1, timeout_s=30.0, step=4, poll_s=0.0)
     assert f.ready == ["tcp://new"] or "tcp://new" in f.joining
+
+
+def test_a_trainer_that_left_ends_every_poll_until_one_connects():
+    client = FakeClient({"tcp://t": "trainer", "tcp://d": "dedicated"})
+    f = Fleet(client, spec=None, trainer="tcp://t", ready=["tcp://d"])
+    f.poll(1)  # the trainer is there: nothing to say
+    del client.workers["tcp://t"]
+    with pytest.raises(fleet_mod.TrainerLost, match="tcp://t left the run"):
+        f.poll(1)
+    with pytest.raises(RunError, match="no trainer worker connected in 0 s"):
+        fleet_mod.wait_for_trainer(client, timeout_s=0.0, poll_s=0.0, gone="tcp://t")
+    client.workers["tcp://t2"] = "trainer"  # the nanny restarted it, at a new address
+    assert fleet_mod.wait_for_trainer(client, timeout_s=0.0, poll_s=0.0, gone="tcp://t") == "tcp://t2"

@@ -56,3 +56,14 @@ def test_bad_arguments():
         plan_run(3, 2)
     with pytest.raises(ValueError, match="steps=0"):
         plan_run(0, 0)
+
+
+@given(st.integers(1, 12), st.integers(0, 11), st.sampled_from([0, 1]))
+def test_a_resumed_plan_is_the_tail_of_a_shorter_run_shifted(steps, first, staleness):
+    if first >= steps:
+        with pytest.raises(ValueError):
+            plan_run(steps, staleness, first)
+        return
+    plan = plan_run(steps, staleness, first)
+    assert {a.step for a in plan} == set(range(first, steps))
+    assert [(a.kind, a.step - first) for a in plan] == [(a.kind, a.step) for a in plan_run(steps - first, staleness)]

@@ -23,17 +23,19 @@ class RolloutHost(Host):
 
     def prepare(self, spec: ModelSpec) -> None:
         """An engine already built for the same model and settings is kept and only reloaded with the
-        checkpoint (a new engine costs seconds); otherwise a new one is built."""
+        run's starting weights (a new engine costs seconds); otherwise a new one is built."""
         key = (spec.model_dir, spec.max_model_len, spec.engine)
-        checkpoint = load_checkpoint(spec.model_dir)
+        checkpoint = load_checkpoint(spec.weights_from)
         if key in self._engines:
             self.engine, self.tokenizer = self._engines[key]
-            self.engine.load_weights(checkpoint, 0).result()
+            self.engine.load_weights(checkpoint, spec.version).result()
         else:
             self.engine, self.tokenizer = self._engines[key] = self._build(spec)
+            if spec.weights_dir is not None or spec.version != 0:  # a resumed run: the checkpoint's weights
+                self.engine.load_weights(checkpoint, spec.version).result()
         # What the engine holds, as shards: the base of the first sync's deltas.
         self.weights.reset(spec.engine.dtype)
-        self.weights.adopt(checkpoint, 0)
+        self.weights.adopt(checkpoint, spec.version)
         self.spec = spec
 
     def _build(self, spec: ModelSpec) -> tuple:

@@ -13,15 +13,18 @@ class TrainerHost(Host):
 
     def prepare(self, spec: ModelSpec) -> None:
         """A new trainer, so that no optimizer state leaks between runs; its weights are published as
-        version 0."""
+        the version it starts from (0, or a checkpoint's)."""
         import torch
 
         from rose.runtime.trainer import Trainer
 
         torch.set_num_threads(max(1, len(self.cores) if self.cores else 1))
         self.trainer = Trainer(spec.model_dir, seed=spec.seed, temperature=spec.engine.temperature)
+        if spec.weights_dir is not None:  # a resumed run, or a replaced trainer: the checkpoint's state
+            self.trainer.restore(spec.weights_dir)
         self.weights.reset(spec.engine.dtype)
-        self.weights.publish(self.trainer.model.state_dict(), 0)
-        # Engines load version 0 from the checkpoint, no sync reads it: version 1 may follow at once.
-        self.weights.mark_synced(0)
+        self.weights.publish(self.trainer.model.state_dict(), self.trainer.version)
+        # Engines load this version from the model or checkpoint directory, no sync reads it: the next
+        # version may follow at once.
+        self.weights.mark_synced(self.trainer.version)
         self.spec = spec
