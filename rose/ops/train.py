@@ -43,7 +43,6 @@ def train_metrics(result: dict) -> dict:
 
 async def sync_weights(result: dict, receivers: tuple[str, ...]) -> dict:
     """Task (on the trainer): bring every rollout worker in `receivers` to the trained version."""
-    from rose.runtime.weights.sync import sync_to
     from rose.runtime.worker.plugin import rose_worker
 
     w = rose_worker()
@@ -51,15 +50,44 @@ async def sync_weights(result: dict, receivers: tuple[str, ...]) -> dict:
         if w.weights.version != result["version"]:
             raise RuntimeError(f"trainer publishes version {w.weights.version}, the train step made "
                                f"{result['version']}")
-        # Receivers that left since the step was planned are skipped (Dask re-placed their rollouts).
-        info = await w.worker.scheduler.identity(n_workers=-1)
-        alive = [r for r in receivers if r in info["workers"]]
-        status = await sync_to(w.worker, w.weights, alive)
+        status = await _sync_alive(w, receivers)
     except BaseException as e:
         w.weights.mark_synced(result["version"], error=f"{type(e).__name__}: {e}")
         raise
     w.weights.mark_synced(result["version"])
     return status
+
+
+SYNC_ATTEMPTS = 3  # syncs tried while receivers keep leaving mid-sync
+
+
+async def _sync_alive(w, receivers: tuple[str, ...]) -> dict:
+    """Sync to the receivers still in the cluster. Receivers that left since the step was planned are
+    skipped (Dask re-placed their rollouts); one that leaves during the sync fails that attempt, and the
+    sync is run again to those left (receivers it already reached are at the version and skipped)."""
+    import asyncio
+    import logging
+
+    from rose.runtime.weights.sync import sync_to
+
+    for attempt in range(1, SYNC_ATTEMPTS + 1):
+        info = await w.worker.scheduler.identity(n_workers=-1)
+        alive = [r for r in receivers if r in info["workers"]]
+        try:
+            return await sync_to(w.worker, w.weights, alive)
+        except Exception as e:
+            left = []
+            for _ in range(10):  # the scheduler drops a dead worker when it sees its connection close
+                info = await w.worker.scheduler.identity(n_workers=-1)
+                left = [r for r in alive if r not in info["workers"]]
+                if left:
+                    break
+                await asyncio.sleep(0.5)
+            if not left or attempt == SYNC_ATTEMPTS:
+                raise
+            logging.getLogger("rose.weights").warning(
+                "sync attempt %d: %d receivers left the cluster during it (%s; %s: %s); syncing again to the %d "
+                "left", attempt, len(left), ", ".join(left), type(e).__name__, e, len(alive) - len(left))
 
 
 async def catch_up(_prepared, receivers: tuple[str, ...]) -> dict:

@@ -164,9 +164,108 @@ def test_a_receiver_that_lost_its_shards_gets_them_dense_and_ends_exact(two_site
     client.run(_forget_weights, workers=[dedicated[0]])  # as if it had just joined
     res = client.submit(sync_weights, {"version": 2}, tuple(dedicated), workers=[trainer], pure=False).result()
     assert [s["weight_version"] for s in res["statuses"]] == [2, 2]
-    # one receiver's copy of every distinct shard, all dense (it holds no base to delta against)
-    assert 0 < res["dense_bytes"] == res["sent_bytes"] <= res["full_bytes"] // 2
+    # one receiver's copy of every distinct shard, all dense (it holds no base to delta against); the
+    # other receiver held version 2 already and took no part (full_bytes: one dense copy)
+    assert 0 < res["dense_bytes"] == res["sent_bytes"] <= res["full_bytes"]
     digests = client.run(_digest)
     for addr in dedicated:
         assert digests[addr] == {k: v for k, v in digests[trainer].items() if k in digests[addr]}, addr
         assert digests[addr]
+
+
+def _publish_next(dask_worker):
+    """The trainer makes a new version by hand: one parameter nudged, published."""
+    import torch
+
+    w = dask_worker.plugins["rose"]
+    trainer = w.host.trainer
+    with torch.no_grad():
+        next(trainer.model.parameters()).add_(1e-2)
+    trainer.version += 1
+    w.weights.publish(trainer.model.state_dict(), trainer.version)
+    return trainer.version
+
+
+def _refuse_next_commit(dask_worker):
+    ep = dask_worker.plugins["rose"].weights
+    load = ep.on_commit
+
+    async def refuse(tensors, version):
+        ep.on_commit = load
+        raise RuntimeError("the engine refused the weights")
+
+    ep.on_commit = refuse
+    return True
+
+
+async def _sync_once(receivers):
+    from rose.runtime.weights.sync import sync_to
+    from rose.runtime.worker.plugin import rose_worker
+
+    w = rose_worker()
+    try:
+        return await sync_to(w.worker, w.weights, list(receivers))
+    except Exception as e:
+        return {"error": str(e)}
+
+
+def _version(dask_worker):
+    return dask_worker.plugins["rose"].weights.version
+
+
+def _roles(client):
+    info = client.scheduler_info(n_workers=-1)["workers"]
+    trainer = next(a for a, w in info.items() if w["metrics"]["rose"]["role"] == "trainer")
+    return trainer, sorted(a for a in info if a != trainer)
+
+
+def test_a_commit_refused_by_one_receiver_is_named_and_the_next_sync_completes_it(two_site_cluster):
+    client = two_site_cluster
+    rose.run(small_pipeline("guess", groups=1, group_size=4, steps=1), cluster=client, progress=False)
+    trainer, (bad, good) = _roles(client)
+    v = client.run(_publish_next, workers=[trainer])[trainer]
+    client.run(_refuse_next_commit, workers=[bad])
+    first = client.submit(_sync_once, (bad, good), workers=[trainer], pure=False).result()
+    # Not one transaction: the good receiver holds the version, the bad one its previous one, and the
+    # error says which.
+    assert "failed on 1 of 2 receivers" in first["error"] and bad in first["error"] and "refused" in first["error"]
+    versions = client.run(_version, workers=[bad, good])
+    assert versions == {bad: v - 1, good: v}
+    second = client.submit(_sync_once, (bad, good), workers=[trainer], pure=False).result()
+    assert sorted(s["weight_version"] for s in second["statuses"]) == [v, v]
+    assert client.run(_version, workers=[bad, good]) == {bad: v, good: v}
+    assert second["sent_bytes"] > 0  # to the bad one; the good one took no part (it held the version)
+    client.run(lambda dask_worker: dask_worker.plugins["rose"].weights.mark_synced(v), workers=[trainer])
+
+
+def _stall_pulls(dask_worker):
+    """This receiver's pull never answers (as a worker that hangs, then dies)."""
+    import asyncio
+
+    async def stalled(hops, manifest):
+        await asyncio.sleep(3600)
+
+    dask_worker.handlers["rose_weights_pull"] = stalled
+    return True
+
+
+def test_a_receiver_killed_during_a_sync_is_dropped_and_the_others_get_the_version(two_site_cluster):
+    """Last in this module: it kills one of the cluster's workers (its nanny starts a new one)."""
+    import os
+    import signal
+    import time
+
+    from rose.ops.train import sync_weights
+
+    client = two_site_cluster
+    trainer, (victim, survivor) = _roles(client)
+    v = client.run(_publish_next, workers=[trainer])[trainer]
+    client.run(_stall_pulls, workers=[victim])
+    pid = client.run(os.getpid, workers=[victim])[victim]
+    fut = client.submit(sync_weights, {"version": v}, (victim, survivor), workers=[trainer], pure=False)
+    time.sleep(2.0)  # the sync is waiting on the stalled pull
+    assert not fut.done()
+    os.kill(pid, signal.SIGKILL)
+    res = fut.result(timeout=120)
+    assert [(s["worker"], s["weight_version"]) for s in res["statuses"]] == [(survivor, v)]
+    assert client.run(_version, workers=[survivor]) == {survivor: v}

@@ -2,9 +2,13 @@
 
 Phases: ask each receiver what it holds; plan (pure, `plan.py`); run the plan, each receiver pulling
 its hops from their sources, relays passing shards on as they arrive (every shard is verified on
-arrival, a bad one is fetched again from another holder); then commit everywhere. A receiver swaps its engine only when
-it holds every shard of the version, and no commit starts unless every receiver staged the whole
-version: a failed sync leaves every engine on its previous version.
+arrival, a bad one is fetched again from another holder); then commit everywhere. A receiver swaps
+its engine only when it holds every shard of the version, and no commit starts unless every receiver
+staged the whole version: a sync that fails while shards move leaves every engine on its previous
+version. The commit phase is not one transaction across receivers: each swap is atomic on its own
+worker (between two engine iterations), but a receiver that fails to commit (its process dies, its
+engine refuses the weights) does not undo the others'. The sync then raises, naming it; the caller
+syncs again (`rose.ops.train.sync_weights`), and receivers already at the version are left alone.
 """
 from __future__ import annotations
 
@@ -32,10 +36,13 @@ async def sync_to(worker, source: WeightEndpoint, receivers: list[str], mode: st
         raise EngineError("nothing to sync: the source has published no version", worker=worker.address)
     t0 = time.perf_counter()
     before = await _states(worker, receivers)
-    rs = [s["receiver"] for s in before]
-    if all(r.version == manifest.version for r in rs) and mode == "rose":
-        return {"version": manifest.version, "statuses": [{"worker": r.address, "weight_version": r.version}
-                                                          for r in rs], "sent_bytes": 0, "hops": 0, "seconds": 0.0}
+    # Receivers already at the version (an earlier attempt committed there) take no part.
+    everyone = [s["receiver"] for s in before]
+    done = [r for r in everyone if r.version == manifest.version and mode == "rose"]
+    rs = [r for r in everyone if r.version != manifest.version or mode != "rose"]
+    done_statuses = [{"worker": r.address, "weight_version": r.version} for r in done]
+    if not rs:
+        return {"version": manifest.version, "statuses": done_statuses, "sent_bytes": 0, "hops": 0, "seconds": 0.0}
     if mode == "full":
         plan = plan_full(manifest, rs, worker.address)
     else:
@@ -59,17 +66,22 @@ async def sync_to(worker, source: WeightEndpoint, receivers: list[str], mode: st
     t_pulled = time.perf_counter()
     if commit:
         statuses = await asyncio.gather(*(worker.rpc(r.address).rose_weights_commit(version=manifest.version)
-                                          for r in rs))
+                                          for r in rs), return_exceptions=True)
+        failed = {r.address: s for r, s in zip(rs, statuses) if isinstance(s, BaseException)}
+        if failed:
+            raise EngineError(f"commit of weight version {manifest.version} failed on {len(failed)} of {len(rs)} "
+                              "receivers (the others hold it now): " + "; ".join(
+                                  f"{a}: {type(e).__name__}: {e}" for a, e in failed.items()), worker=worker.address)
     else:
         await asyncio.gather(*(worker.rpc(r.address).rose_weights_abort() for r in rs))
         statuses = [{"worker": r.address, "weight_version": r.version} for r in rs]
     after = await _states(worker, receivers)
     received = sum(a["received_bytes"] - b["received_bytes"] for a, b in zip(after, before))
     dense = sum(a["received_dense_bytes"] - b["received_dense_bytes"] for a, b in zip(after, before))
-    sites = {r.address: r.site for r in rs} | {worker.address: source.site}
-    cross = sum(n - b["received_from"].get(src, 0) for a, b, r in zip(after, before, rs)
+    sites = {r.address: r.site for r in everyone} | {worker.address: source.site}
+    cross = sum(n - b["received_from"].get(src, 0) for a, b, r in zip(after, before, everyone)
                 for src, n in a["received_from"].items() if sites.get(src, "?") != r.site)
-    return {"version": manifest.version, "statuses": list(statuses), "sent_bytes": received, "dense_bytes": dense,
+    return {"version": manifest.version, "statuses": done_statuses + list(statuses), "sent_bytes": received, "dense_bytes": dense,
             "cross_site_bytes": cross,
             "full_bytes": manifest.nbytes * len(rs), "hops": len(plan.hops), "levels": plan.num_levels,
             "refetches": sum(a["refetches"] - b["refetches"] for a, b in zip(after, before)),
