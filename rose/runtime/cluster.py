@@ -3,6 +3,11 @@
 The same roles as a real cluster (`dask worker --preload rose.worker --rose-role ...`), so code that
 runs here runs on dask-kubernetes or dask-jobqueue clusters unchanged. Each worker is bound to its
 own cores: several vLLM engines (and the trainer) on a few cores otherwise starve each other.
+
+With `security=distributed.Security(...)` carrying TLS certificates, every process (scheduler,
+nannies, workers, and a Client made from the cluster) speaks `tls://`; ROSE's own traffic (weight
+sync's worker-to-worker rpc, the placement plugin's reports) rides the same comms, so it is encrypted
+too. The serving role's OpenAI-compatible HTTP endpoint is not a Dask comm and stays plain HTTP.
 """
 from __future__ import annotations
 
@@ -10,11 +15,12 @@ import asyncio
 import logging
 import os
 
-from distributed import Nanny, Scheduler, SpecCluster
+from distributed import Nanny, Scheduler, Security, SpecCluster
 from distributed.core import Status
 from tornado.ioloop import PeriodicCallback
 
 from rose.config import ClusterConfig, EngineConfig
+from rose.errors import ConfigError
 from rose.runtime.engine.vllm_engine import cpu_kvcache_space_gib
 from rose.runtime.placement.elastic import elastic_target
 
@@ -41,8 +47,27 @@ def _core_plan(cfg: ClusterConfig) -> tuple[tuple[int, ...], list[tuple[int, ...
     return trainer, [_rollout_core(cfg, i) for i in range(cfg.num_dedicated + cfg.num_serving)]
 
 
+_TLS_FIELDS = ("tls_ca_file", "tls_client_cert", "tls_scheduler_cert", "tls_worker_cert")
+
+
+def _comm_options(security: Security | None) -> dict:
+    """Scheduler and nanny options for `security`: none for plain TCP, else the Security and `tls`.
+
+    Certificates alone select TLS (as `dask scheduler --tls-ca-file ...` does): a user who wrote
+    them out meant them to be used, whether or not they also set `require_encryption`."""
+    if security is None:
+        return {}
+    if not isinstance(security, Security):
+        raise ConfigError(f"security must be a distributed.Security, got {type(security).__name__}")
+    has_tls = any(getattr(security, f, None) for f in _TLS_FIELDS)
+    if security.require_encryption and not has_tls:
+        raise ConfigError("security requires encryption but carries no TLS certificates: set tls_ca_file and "
+                          "the tls_{client,scheduler,worker}_{cert,key} files (or use Security.temporary())")
+    return {"security": security, "protocol": "tls" if has_tls else "tcp"}
+
+
 def _worker_spec(role: str, cores: tuple[int, ...], nthreads: int, engine: EngineConfig, name: str,
-                 site: str, extra_argv: tuple[str, ...] = ()) -> dict:
+                 site: str, extra_argv: tuple[str, ...] = (), comm: dict | None = None) -> dict:
     env = {
         "OMP_NUM_THREADS": str(len(cores)),
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
@@ -60,6 +85,7 @@ def _worker_spec(role: str, cores: tuple[int, ...], nthreads: int, engine: Engin
             "preload_argv": ["--rose-role", role, "--rose-cores", ",".join(map(str, cores)), "--rose-site", site,
                              *extra_argv],
             "silence_logs": logging.WARNING,
+            **(comm or {}),
         },
     }
 
@@ -82,27 +108,34 @@ class LocalRoseCluster(SpecCluster):
 
         with rose.LocalRoseCluster(ClusterConfig(num_dedicated=1)) as cluster:
             report = rose.run(PIPELINE, cluster=cluster, steps=2)
+
+    `security`: a `distributed.Security`; with TLS certificates in it the whole cluster runs over
+    `tls://` (see the module docstring). None: plain TCP.
     """
 
-    def __init__(self, config: ClusterConfig = ClusterConfig(), engine: EngineConfig = EngineConfig(), **kwargs):
+    def __init__(self, config: ClusterConfig = ClusterConfig(), engine: EngineConfig = EngineConfig(),
+                 security: Security | None = None, **kwargs):
         self.config = config
         self.engine_config = engine
+        # The same options for every process this cluster starts, now and later (elastic workers).
+        self._comm = comm = _comm_options(security)
         trainer_cores, dedicated_cores = _core_plan(config)
-        workers = {"trainer-0": _worker_spec("trainer", trainer_cores, 2, engine, "trainer-0", config.trainer_site)}
+        workers = {"trainer-0": _worker_spec("trainer", trainer_cores, 2, engine, "trainer-0", config.trainer_site,
+                                             comm=comm)}
         slots = ("--rose-slots", str(config.dedicated_slots)) if config.dedicated_slots else ()
         self._trainer_cores = set(trainer_cores)
         for i, cores in enumerate(dedicated_cores[:config.num_dedicated]):
             name = f"dedicated-{i}"
             site = config.dedicated_sites[i] if config.dedicated_sites else config.trainer_site
             workers[name] = _worker_spec("dedicated", cores, engine.rollout_slots, engine, name, site,
-                                         slots + self._colocated(cores))
+                                         slots + self._colocated(cores), comm)
         for i, cores in enumerate(dedicated_cores[config.num_dedicated:]):
             name = f"serving-{i}"
             argv = ("--rose-serving-model", config.serving_model, "--rose-ttft-ms", str(config.serving_ttft_ms),
                     "--rose-tpot-ms", str(config.serving_tpot_ms),
                     "--rose-rollout-seqs", str(config.serving_rollout_seqs))
             workers[name] = _worker_spec("serving", cores, engine.rollout_slots, engine, name, config.trainer_site,
-                                         argv)
+                                         argv, comm)
         scheduler = {"cls": Scheduler, "options": {
             # without the dashboard the scheduler still serves /health on HTTP: any free port, then
             "dashboard": config.dashboard, "dashboard_address": ":8787" if config.dashboard else ":0",
@@ -110,11 +143,14 @@ class LocalRoseCluster(SpecCluster):
             # the placement plugin, as `dask scheduler --preload rose.plugin --rose-policy ...` installs it
             "preload": ["rose.plugin"], "preload_argv": ["--rose-policy", config.policy,
                                                             "--rose-shed-after", str(config.shed_after_s)],
+            **comm,
         }}
         self._dedicated_argv = slots
         self._elastic_n = 0
         self._elastic_warned = False  # the scaler says once that the scheduler gives no demand
-        super().__init__(workers=workers, scheduler=scheduler, silence_logs=logging.WARNING, name="rose", **kwargs)
+        # SpecCluster's own rpc to the scheduler (and a Client made from this cluster) use `security` too.
+        super().__init__(workers=workers, scheduler=scheduler, silence_logs=logging.WARNING, name="rose",
+                         security=security, **kwargs)
         if config.policy == "elastic":
             # The elastic baseline's scaler: asks the placement plugin what waits, decides (pure), and
             # scales through SpecCluster.scale; new workers come from `new_worker_spec`.
@@ -135,7 +171,8 @@ class LocalRoseCluster(SpecCluster):
         cores = _rollout_core(cfg, cfg.num_dedicated + cfg.num_serving + self._elastic_n)
         self._elastic_n += 1
         spec = _worker_spec("dedicated", cores, self.engine_config.rollout_slots, self.engine_config, name,
-                            cfg.trainer_site, (*self._dedicated_argv, *self._colocated(cores), "--rose-elastic"))
+                            cfg.trainer_site, (*self._dedicated_argv, *self._colocated(cores), "--rose-elastic"),
+                            self._comm)
         spec["cls"] = AllocatedNanny
         spec["options"]["allocation_delay_s"] = cfg.elastic.allocation_delay_s
         return {name: spec}
