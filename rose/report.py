@@ -15,11 +15,13 @@ import pyarrow.parquet as pq
 # step), sync_s, step_s (one step's share of the run's wall time). rollout_version: the weights its
 # rollouts ran on; weight_version: the weights its train step made. lost / duplicated: the step's
 # trajectory ledger (`rose.ledger`): planned ids its train op never received / extra rows it received.
-# workers_lost: rollout workers that left the run during the step.
+# workers_lost: rollout workers that left the run during the step. provenance_checked: trajectories
+# shed and resumed on another worker whose environment the trainer replayed (`rose.envs.provenance`);
+# those that did not replay are `failed`, with the reason.
 STEP_COLUMNS = ["step", "weight_version", "rollout_version", "reward_mean", "reward_std", "trajectories", "failed",
                 "tokens", "rollout_s", "train_s", "trainer_compute_s", "sync_s", "step_s", "rollout_tok_s",
                 "logprob_mismatch", "loss", "sync_bytes", "sync_refetches", "lost", "duplicated",
-                "workers_lost"]
+                "workers_lost", "provenance_checked"]
 
 
 def step_row(step: int, version: int, table: pa.Table, metrics: dict, rollout_s: float, train_s: float,

@@ -19,7 +19,7 @@ from rose.graph.submit import submit
 from rose.ledger import reconcile
 from rose.report import step_row
 from rose.runtime.protocol import rollout_addresses
-from rose.runtime.trajectory import concat
+from rose.runtime.trajectory import concat, mark_failed
 
 logger = logging.getLogger("rose.run")
 
@@ -130,7 +130,8 @@ class Step:
         if statuses and new_versions != {metrics["weight_version"]}:
             raise RunError(f"engines hold weight versions {sorted(new_versions)} after sync, the trainer "
                            f"{metrics['weight_version']}", step=self.step)
-        table = concat(batches)
+        # Resumed trajectories whose replay failed were not trained on: they count as failed here too.
+        table = mark_failed(concat(batches), metrics.get("provenance_failed", {}))
         row = step_row(self.step, metrics["weight_version"], table, metrics, self.rollout_s, train_s, sync_s)
         ledger = reconcile(self.step, self.ids, metrics["trajectory_ids"])
         if ledger.lost or ledger.duplicated:
@@ -139,6 +140,7 @@ class Step:
                          ", ".join(ledger.duplicated_ids))
         row["lost"], row["duplicated"] = ledger.lost, ledger.duplicated
         row["rollout_version"] = self.version
+        row["provenance_checked"] = metrics.get("provenance_checked", 0)
         row["sync_bytes"] = sum(s.get("sent_bytes", 0) for s in syncs)
         row["sync_refetches"] = sum(s.get("refetches", 0) for s in syncs)
         return row, table

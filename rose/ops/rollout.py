@@ -18,6 +18,7 @@ the capacity), every trajectory of the task stops at its next turn boundary and 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import traceback
 import zlib
@@ -121,7 +122,7 @@ async def agent_loop(spec: RolloutSpec, env, engine_loop, tokenizer, max_model_l
     t0 = time.perf_counter()
     actions: list[str] = []
     first_turn = 0
-    traj = Trajectory(spec.step, spec.group_id, spec.sample_id, spec.env, spec.env_seed)
+    traj = Trajectory(spec.step, spec.group_id, spec.sample_id, spec.env, spec.env_seed, json.dumps(spec.env_kwargs, default=repr))
     try:
         if state is None:
             first = env.reset(spec.env_seed)
@@ -175,7 +176,7 @@ async def _one(spec: RolloutSpec, w, state, stop) -> Trajectory | Partial:
     try:
         env = make_env(spec.env, **spec.env_kwargs)
     except Exception as e:
-        traj = Trajectory(spec.step, spec.group_id, spec.sample_id, spec.env, spec.env_seed,
+        traj = Trajectory(spec.step, spec.group_id, spec.sample_id, spec.env, spec.env_seed, json.dumps(spec.env_kwargs, default=repr),
                           finish_reason="failed", error=f"{type(e).__name__}: {e}")
     else:
         host = w.host

@@ -25,7 +25,9 @@ def train_step(cfg: GRPOConfig, *batches: pa.RecordBatch) -> dict:
         raise RuntimeError(f"worker {w.address} (role {w.role}) holds no trainer; was it prepared?")
     trainer = w.host.trainer
     table = concat(list(batches))
+    table, checked, bad = _check_provenance(table, w.host.tokenizer)
     metrics = trainer.step(table, cfg)
+    metrics["provenance_checked"], metrics["provenance_failed"] = checked, bad
     # What the trainer received, row by row: the driver's ledger checks it against what was planned.
     metrics["trajectory_ids"] = table["trajectory_id"].to_pylist()
     if trainer.version != w.weights.version:
@@ -34,6 +36,32 @@ def train_step(cfg: GRPOConfig, *batches: pa.RecordBatch) -> dict:
         metrics["publish_wait_s"] = w.weights.publish_wait_s
         metrics["publish_s"] = time.perf_counter() - t0 - w.weights.publish_wait_s
     return {"version": trainer.version, "metrics": metrics}
+
+
+def _check_provenance(table: pa.Table, tokenizer) -> tuple[pa.Table, int, dict[str, str]]:
+    """Replay the environment of every trajectory that was shed and resumed on another worker (its
+    turns name more than one worker) and mark the ones whose recorded conversation it does not
+    reproduce failed, before they are trained on. Returns (table, rows checked, {id: reason})."""
+    import logging
+
+    import pyarrow.compute as pc
+
+    from rose.envs.provenance import check_provenance
+    from rose.runtime.trajectory import mark_failed
+
+    moved = pa.array([len(set(ws)) > 1 for ws in table["turn_workers"].to_pylist()], pa.bool_())
+    subset = table.filter(pc.and_(moved, pc.not_equal(table["finish_reason"], "failed")))
+    if tokenizer is None or subset.num_rows == 0:
+        return table, 0, {}
+    found = check_provenance(subset, tokenizer)
+    # An environment the trainer cannot build (not importable here) is unchecked, not corrupt.
+    bad = {tid: f"provenance: {why}" for tid, why in found if not why.startswith("cannot replay")}
+    if len(bad) != len(found):
+        logging.getLogger("rose.run").warning("provenance of %d trajectories not checked: %s", len(found) - len(bad),
+                                              next(why for _, why in found if why.startswith("cannot replay")))
+    if bad:
+        logging.getLogger("rose.run").error("%d resumed trajectories do not replay; not trained on: %s", len(bad), bad)
+    return mark_failed(table, bad), subset.num_rows, bad
 
 
 def train_metrics(result: dict) -> dict:

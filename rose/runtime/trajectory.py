@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-SCHEMA_VERSION = 2  # 2: turn_workers
+SCHEMA_VERSION = 3  # 2: turn_workers; 3: env_kwargs
 
 TRAJECTORY_SCHEMA = pa.schema(
     [
@@ -21,6 +21,8 @@ TRAJECTORY_SCHEMA = pa.schema(
         pa.field("trajectory_id", pa.string()),  # unique, stable across retries: "s{step}-g{group}-i{sample}"
         pa.field("env", pa.string()),  # environment name
         pa.field("env_seed", pa.int64()),  # seed passed to Env.reset
+        # the kwargs the environment was built with, as a JSON object (a replay needs them: provenance)
+        pa.field("env_kwargs", pa.string()),
         pa.field("token_ids", pa.list_(pa.int32())),  # (T,) whole conversation
         pa.field("logprobs", pa.list_(pa.float32())),  # (T,) behaviour-policy log-prob, 0 where not generated
         pa.field("loss_mask", pa.list_(pa.bool_())),  # (T,) true only on policy-generated tokens
@@ -51,6 +53,7 @@ class Trajectory:
     sample_id: int
     env: str
     env_seed: int
+    env_kwargs: str = "{}"  # JSON object: the kwargs the environment was built with
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     loss_mask: list[bool] = field(default_factory=list)
@@ -101,6 +104,7 @@ def to_batch(trajs: list[Trajectory], rewards: list[float] | None = None) -> pa.
         "trajectory_id": [t.trajectory_id for t in trajs],
         "env": [t.env for t in trajs],
         "env_seed": [t.env_seed for t in trajs],
+        "env_kwargs": [t.env_kwargs for t in trajs],
         "token_ids": [t.token_ids for t in trajs],
         "logprobs": [t.logprobs for t in trajs],
         "loss_mask": [t.loss_mask for t in trajs],
@@ -132,6 +136,17 @@ def with_rewards(batch: pa.RecordBatch | pa.Table, rewards) -> pa.RecordBatch | 
     """Return `batch` with its reward column replaced (float32, one per row)."""
     idx = batch.schema.get_field_index("reward")
     return batch.set_column(idx, "reward", pa.array(np.asarray(rewards, dtype=np.float32)))
+
+
+def mark_failed(table: pa.Table, reasons: dict[str, str]) -> pa.Table:
+    """`table` with the trajectories named in `reasons` (trajectory id -> why) marked failed."""
+    if not reasons:
+        return table
+    ids = table["trajectory_id"].to_pylist()
+    finish = [("failed" if i in reasons else f) for i, f in zip(ids, table["finish_reason"].to_pylist())]
+    error = [reasons.get(i, e) for i, e in zip(ids, table["error"].to_pylist())]
+    table = table.set_column(table.schema.get_field_index("finish_reason"), "finish_reason", pa.array(finish))
+    return table.set_column(table.schema.get_field_index("error"), "error", pa.array(error, pa.string()))
 
 
 def flat_tokens(table: pa.Table | pa.RecordBatch, column: str) -> tuple[np.ndarray, np.ndarray]:

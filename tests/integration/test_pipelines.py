@@ -158,7 +158,7 @@ def test_cli_run_prints_the_json_summary_last(cluster, tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     assert set(summary) == {"pipeline", "steps", "reward_first5", "reward_last5", "trajectories", "failed", "lost",
-                            "duplicated", "workers_lost", "logprob_mismatch"}
+                            "duplicated", "workers_lost", "trainer_restarts", "logprob_mismatch"}
     assert summary["steps"] == 1 and summary["trajectories"] == 128 and summary["lost"] == 0
     for f in ("metrics.csv", "trajectories.parquet", "summary.json", "reward.png"):
         assert (tmp_path / "run" / f).stat().st_size > 0
@@ -179,6 +179,25 @@ def test_the_ledger_counts_a_lost_and_a_repeated_trajectory(cluster):
     report = rose.run(p, cluster=cluster, progress=False)
     assert (report.lost, report.duplicated) == (1, 1)
     assert report.metrics[["lost", "duplicated"]].values.tolist() == [[1, 1]]
+
+
+def test_a_resumed_trajectory_that_does_not_replay_is_not_trained_on(cluster):
+    import tests.helpers.mangle  # noqa: F401  (registers the test-move op)
+    from rose.graph import rl_step
+
+    def build(step):
+        g = rl_step("moved", "guess", 4, 4)
+        m = g.add("move", "test-move", inputs={"trajectories": g.nodes["reward"].out("trajectories")})
+        g.nodes["train"].inputs["trajectories"] = m.out("trajectories")
+        return g
+
+    p = rose.Pipeline(name="moved", env="guess", build=build, steps=1, engine=rose.EngineConfig(dtype="float32"))
+    report = rose.run(p, cluster=cluster, progress=False)
+    assert report.metrics["provenance_checked"].tolist() == [2]  # the two that moved, one of them corrupt
+    failed = [r for r in report.trajectories.to_pylist() if r["finish_reason"] == "failed"]
+    assert len(failed) == 1 and failed[0]["error"].startswith("provenance: ")
+    assert "tcp://elsewhere:1" in failed[0]["turn_workers"]
+    assert report.metrics["failed"].tolist() == [1] and report.lost == 0
 
 
 def test_long_conversations_do_not_fail(cluster):

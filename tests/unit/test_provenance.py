@@ -15,7 +15,7 @@ import pytest
 from rose.envs import env_class
 from rose.models.tiny import build_tokenizer
 from rose.ops.rollout import RolloutSpec, agent_loop
-from rose.provenance import check_provenance
+from rose.envs.provenance import check_provenance
 from rose.runtime.engine.base import Generation
 from rose.runtime.trajectory import TRAJECTORY_SCHEMA, Trajectory, to_batch
 
@@ -183,11 +183,13 @@ def test_failed_rows_are_skipped(guess):
     assert check_provenance(both, tok) == []
 
 
-def test_replay_needs_the_env_kwargs_the_row_does_not_record():
+def test_replay_builds_the_environment_with_the_kwargs_the_row_records():
     found = target(5, high=4)
     table, tok = rollout("guess", [(5, [f"guess {n}" for n in range(1, found + 1)])], env_kwargs={"high": 4})
-    assert check_provenance(table, tok, env_kwargs={"guess": {"high": 4}}) == []
-    bad = check_provenance(table, tok)  # defaults: 1..16, another prompt
+    assert table["env_kwargs"].to_pylist() == ['{"high": 4}']
+    assert check_provenance(table, tok) == []
+    i = table.schema.get_field_index("env_kwargs")
+    forgotten = table.set_column(i, "env_kwargs", pa.array([None], pa.string()))
+    assert check_provenance(forgotten, tok, env_kwargs={"guess": {"high": 4}}) == []  # the caller's, then
+    bad = check_provenance(forgotten, tok)  # defaults: 1..16, another prompt
     assert [t for t, _ in bad] == ["s0-g0-i0"] and "prompt" in bad[0][1]
-    with_column = table.append_column("env_kwargs", pa.array(['{"high": 4}']))
-    assert check_provenance(with_column, tok) == []

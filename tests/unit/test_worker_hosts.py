@@ -101,6 +101,7 @@ def test_a_trainer_publishes_version_0_counted_as_synced(spec, monkeypatch):
             self.version = 0
 
     monkeypatch.setattr(rose.runtime.trainer, "Trainer", StandInTrainer)
+    monkeypatch.setattr("transformers.AutoTokenizer.from_pretrained", lambda path: "the tokenizer")
     threads = torch.get_num_threads()
     ep = WeightEndpoint(StandInWorker("tcp://trainer:1"), "a")
     host = TrainerHost("tcp://trainer:1", ep, cores=(0,))

@@ -10,6 +10,7 @@ class TrainerHost(Host):
     def __init__(self, address: str, weights, cores: tuple[int, ...] | None = None):
         super().__init__(address, weights, cores)
         self.trainer = None  # rose.runtime.trainer.Trainer of the run, once prepared
+        self.tokenizer = None  # the policy's, once prepared: the provenance check replays with it
 
     def prepare(self, spec: ModelSpec) -> None:
         """A new trainer, so that no optimizer state leaks between runs; its weights are published as
@@ -22,6 +23,9 @@ class TrainerHost(Host):
         self.trainer = Trainer(spec.model_dir, seed=spec.seed, temperature=spec.engine.temperature)
         if spec.weights_dir is not None:  # a resumed run, or a replaced trainer: the checkpoint's state
             self.trainer.restore(spec.weights_dir)
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(spec.model_dir)
         self.weights.reset(spec.engine.dtype)
         self.weights.publish(self.trainer.model.state_dict(), self.trainer.version)
         # Engines load this version from the model or checkpoint directory, no sync reads it: the next

@@ -14,8 +14,8 @@ behaviour log-probs in a different context, which a policy turn does not produce
 leaves a conversation the environment accepts as it is (a calc episode without its tool call) is not
 caught here; the row carries nothing else to compare with.
 
-`check_provenance` is a pure function of the table, the policy's tokenizer and the environments'
-kwargs (the row does not record them); it only runs environments, never a model.
+`check_provenance` is a pure function of the table (each row records the kwargs its environment was
+built with, `env_kwargs`) and the policy's tokenizer; it only runs environments, never a model.
 """
 from __future__ import annotations
 
@@ -45,9 +45,8 @@ def check_provenance(table: pa.Table | pa.RecordBatch, tokenizer,
 
     `tokenizer`: the policy's (a Hugging Face tokenizer, e.g. `AutoTokenizer.from_pretrained(model_dir)`),
     the one the rollouts encoded observations and decoded actions with.
-    `env_kwargs`: environment name -> the kwargs the pipeline built it with (`rl_step(env_kwargs=...)`);
-    an environment not named gets none. A row's own `env_kwargs` column (JSON), when the table has
-    one, wins. Rows with `finish_reason == "failed"` are skipped: they claim no conversation.
+    `env_kwargs`: environment name -> kwargs, for rows that do not record theirs (a table written
+    before schema v3, or a null `env_kwargs`); a row's own `env_kwargs` (JSON) wins. Rows with `finish_reason == "failed"` are skipped: they claim no conversation.
     An empty list means every trajectory checked out. One reason per trajectory: the first found.
     """
     missing = [c for c in _COLUMNS if c not in table.schema.names]
