@@ -163,6 +163,8 @@ class LoadReport:
 
 
 async def _one(http, a: Arrival, model: str, vocab: int, rng: random.Random) -> RequestResult:
+    import aiohttp
+
     res = RequestResult(a)
     prompt = [rng.randrange(5, vocab) for _ in range(a.prompt_tokens)]
     body = {"model": model, "prompt": prompt, "max_tokens": a.max_tokens, "stream": True, "ignore_eos": True,
@@ -183,7 +185,7 @@ async def _one(http, a: Arrival, model: str, vocab: int, rng: random.Random) -> 
                     t_last = time.perf_counter()
                     t_first = t_first or t_last
                     res.tokens += n
-    except (OSError, asyncio.TimeoutError) as e:  # aiohttp.ClientError is an OSError
+    except (OSError, asyncio.TimeoutError, aiohttp.ClientError) as e:  # e.g. the server closed the connection
         res.error = f"{type(e).__name__}: {e}"
         return res
     if t_first is not None:
@@ -201,8 +203,10 @@ async def play(url: str, arrivals: list[Arrival], ttft_ms: float, tpot_ms: float
 
     rng = random.Random(seed)
     timeout = aiohttp.ClientTimeout(total=None, sock_read=300)
+    # Idle connections are closed on our side first (servers close theirs after their keep-alive
+    # timeout, 15 s at ROSE's endpoint): a request sent on a connection the server is closing fails.
     async with aiohttp.ClientSession(url, timeout=timeout,
-                                     connector=aiohttp.TCPConnector(limit=0)) as http:
+                                     connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=5.0)) as http:
         async with http.get("/v1/models") as r:
             info = (await r.json())["data"][0]
         model, vocab = info["id"], int(info.get("vocab_size", 32))
