@@ -72,7 +72,7 @@ def rose_doc(scheduler, extra, doc):
                           "(<code>dask scheduler --preload rose.plugin</code>).</p>"
             return
         st = plugin.state()
-        now = time.time()
+        now = time.monotonic()  # the placement book's clock
         rollout = {a: w for a, w in st["workers"].items() if w["role"] in ("dedicated", "serving")}
         warn = f"<p style='color:#b00'><b>warning:</b> {st['warning']}</p>" if st["warning"] else ""
         err = (f"<p style='color:#b00'><b>{st['errors']} plugin errors</b>; last: {st['last_error']}</p>"

@@ -60,7 +60,7 @@ class RoseScheduler(SchedulerPlugin):
 
     def __init__(self, policy: str = "rose", shed_after_s: float = 0.5, history_s: float = 600.0):
         # history: about 8 rollout workers' samples a tick, for history_s seconds
-        self.book = PlacementBook(policy, shed_after_s, time.time(), history_len=int(history_s / TICK_S) * 8)
+        self.book = PlacementBook(policy, shed_after_s, time.monotonic(), history_len=int(history_s / TICK_S) * 8)
         self.scheduler = None
         self.train_keys: set[str] = set()  # tasks annotated Annotation.TRAINS, until forgotten
         self.errors = 0  # hook failures so far
@@ -103,7 +103,7 @@ class RoseScheduler(SchedulerPlugin):
             parked.append(RolloutTask(key, int(mine.get(Annotation.WIDTH, 1)), int(mine.get(Annotation.VERSION, 0)),
                                       str(mine.get(Annotation.GROUP, "")), mine.get(Annotation.AFFINITY)))
             _park(ts)
-        self._apply(self.book.on_parked(parked, time.time(), stimulus_id or f"rose-update-graph-{time.time()}"))
+        self._apply(self.book.on_parked(parked, time.monotonic(), stimulus_id or f"rose-update-graph-{time.time()}"))
 
     # ---------------------------------------------------------------- task state
     @_guarded
@@ -113,7 +113,7 @@ class RoseScheduler(SchedulerPlugin):
         sid = stimulus_id or f"rose-transition-{time.time()}"
         if key in self.train_keys:
             if finish == "processing":
-                self._apply(self.book.on_train_started(key, time.time(), self.running(), sid))
+                self._apply(self.book.on_train_started(key, time.monotonic(), self.running(), sid))
             elif start == "processing":
                 self._apply(self.book.on_train_finished(key, sid))
             if finish == "forgotten":
@@ -122,7 +122,7 @@ class RoseScheduler(SchedulerPlugin):
         if start == "processing":  # finished, erred, or its worker left
             self._apply(self.book.on_finished(key, finish, sid))
         if finish == "processing":
-            self.book.on_started(key, self.scheduler.tasks[key].processing_on.address, time.time(), sid)
+            self.book.on_started(key, self.scheduler.tasks[key].processing_on.address, time.monotonic(), sid)
         elif finish in ("waiting", "released", "no-worker"):
             ts = self.scheduler.tasks.get(key)
             if ts is not None:  # retried or its worker died: wait for the policy again
@@ -143,7 +143,7 @@ class RoseScheduler(SchedulerPlugin):
     @_guarded
     def remove_worker(self, scheduler, worker, *, stimulus_id=None, **kwargs):
         sid = stimulus_id or f"rose-remove-worker-{time.time()}"
-        self._apply(self.book.on_worker_removed(worker, time.time(), sid))
+        self._apply(self.book.on_worker_removed(worker, time.monotonic(), sid))
 
     @_guarded
     def log_event(self, topic, msg):
@@ -153,7 +153,7 @@ class RoseScheduler(SchedulerPlugin):
     def _report(self, addr: str, msg: dict, stimulus_id: str) -> None:
         if self.scheduler is None or addr not in self.scheduler.workers:
             return  # late report of a worker that left, or one that names no worker of this scheduler
-        now = time.time()
+        now = time.monotonic()
         try:
             report = WorkerReport.from_msg(msg)
         except ValueError as e:
@@ -186,7 +186,7 @@ class RoseScheduler(SchedulerPlugin):
     @_guarded
     def _dispatch(self) -> None:
         self._kick_pending = False
-        now = time.time()
+        now = time.monotonic()
         sid = f"rose-dispatch-{now}"
         assignments = self.book.dispatch(self.parked(), now, self.running(), sid)
         if not assignments:
@@ -197,21 +197,22 @@ class RoseScheduler(SchedulerPlugin):
 
     @_guarded
     def _tick(self) -> None:
-        now = time.time()
+        now = time.monotonic()
         self._apply(self.book.tick(now, self.running(), f"rose-tick-{now}"))
 
     # ---------------------------------------------------------------- introspection
     def state(self) -> dict:
         """A plain-data snapshot (for clients, the dashboard and tests)."""
         started = self.scheduler is not None
-        st = self.book.state(time.time(), self.running() if started else set(), len(self.parked()) if started else 0)
+        running, parked = (self.running(), len(self.parked())) if started else (set(), 0)
+        st = self.book.state(time.monotonic(), running, parked)
         return dict(st, errors=self.errors, last_error=self.last_error)
 
     def _h_state(self) -> dict:
         return self.state()
 
     def _h_elastic_demand(self) -> dict:
-        return self.book.elastic_demand(self.parked(), time.time(), self.running())
+        return self.book.elastic_demand(self.parked(), time.monotonic(), self.running())
 
 
 class _Running:
