@@ -62,6 +62,9 @@ class EngineConfig:
     # A policy turn not answered in this long fails its trajectory with the reason, instead of waiting
     # forever on an engine that stalled (s; it includes queueing behind other requests).
     request_timeout_s: float = 600.0
+    # An environment's `reset` or `step` that takes longer than this fails its trajectory with the
+    # reason (env, turn, trajectory id); the rest of the group and the step go on (s, per call).
+    env_timeout_s: float = 60.0
 
     def __post_init__(self):
         c = "EngineConfig"
@@ -74,6 +77,7 @@ class EngineConfig:
         config_check(0 < self.top_p <= 1, c, "top_p", self.top_p, "in (0, 1]")
         _positive(c, "rollout_slots", self.rollout_slots)
         _positive(c, "request_timeout_s", self.request_timeout_s)
+        _positive(c, "env_timeout_s", self.env_timeout_s)
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,10 @@ class PromptTooLongError(TrajectoryError):
     """A prompt (or prompt + tokens so far) does not fit the model's context."""
 
 
+class EnvError(TrajectoryError):
+    """An environment's reset or step raised, passed `env_timeout_s`, or returned something unusable."""
+
+
 class RunError(RoseError):
     """A run stopped at a step; `.report` holds the steps that finished (set by rose.run)."""
 

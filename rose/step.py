@@ -59,7 +59,8 @@ class Step:
         graph = pipeline.build(step)
         graph.validate_step()
         ctx = LowerContext(step, version, graph.name, tuple(fleet.ready), pipeline.seed,
-                           pipeline.engine.temperature, pipeline.engine.top_p, pipeline.engine.request_timeout_s)
+                           pipeline.engine.temperature, pipeline.engine.top_p, pipeline.engine.request_timeout_s,
+                           pipeline.engine.env_timeout_s)
         st = cls(client, fleet, step, version, graph, lower(graph, ctx))
         st.submit("gen")
         # When each rollout finished: the rollout phase is timed to the last one, even when the runner

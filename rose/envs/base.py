@@ -28,8 +28,9 @@ class Env(Protocol):
     name: str  # registry name, e.g. "guess"
     max_turns: int  # policy turns at most; the rollout stops with finish_reason "max_turns"
     max_action_tokens: int  # tokens the policy may write in one turn
-    # Optional class attribute `blocking = True`: `step` waits on I/O or tools, so rollouts call it in a
-    # thread instead of on the worker's event loop (where a hundred rollouts share one thread).
+    # Rollouts call `reset` and `step` in a thread of their own, under `EngineConfig.env_timeout_s`: a
+    # call may block on I/O or tools; one that raises, or runs past the deadline, fails its trajectory
+    # (naming the env, the turn and the trajectory id) and nothing else.
 
     def reset(self, seed: int) -> str:
         """Start an episode; return the first observation (the prompt)."""
@@ -66,14 +67,19 @@ def env_class(name: str) -> type:
     from rose.errors import ConfigError
 
     _load_builtin()
+    if not isinstance(name, str):
+        raise ConfigError(f"environment {name!r} must be a registered name or 'module:Class' (a string)")
     if name in _REGISTRY:
         return _REGISTRY[name]
     if ":" in name:
         module, _, attr = name.partition(":")
         try:
-            return getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError) as e:
-            raise ConfigError(f"cannot import environment {name!r}: {e}") from None
+            cls = getattr(importlib.import_module(module), attr)
+        except Exception as e:  # not only ImportError: a user's module may fail in any way while it loads
+            raise ConfigError(f"cannot import environment {name!r}: {type(e).__name__}: {e}") from None
+        if not callable(cls):
+            raise ConfigError(f"environment {name!r} is a {type(cls).__name__}, not a class")
+        return cls
     raise ConfigError(f"unknown environment {name!r}; known: {sorted(_REGISTRY)} or 'module:Class'")
 
 

@@ -19,9 +19,13 @@ class Graph:
         self.nodes: dict[str, Node] = {}  # insertion order is the build order
 
     def add(self, name: str, op: str, inputs: dict[str, PortRef] | None = None, **params) -> Node:
-        if name in self.nodes:
+        from rose.graph.validate import check_node
+
+        if isinstance(name, str) and name in self.nodes:
             raise GraphError(f"duplicate node name {name!r}", node=name)
-        node = Node(name, op, dict(inputs or {}), params)
+        node = Node(name, op, dict(inputs) if isinstance(inputs, dict) else ({} if inputs is None else inputs),
+                    params)
+        check_node(node)  # a wrong type is named here, where the pipeline wrote it
         self.nodes[name] = node
         return node
 

@@ -43,6 +43,7 @@ class LowerContext:
     temperature: float = 1.0  # behaviour-policy sampling temperature (the trainer scores at the same)
     top_p: float = 1.0
     request_timeout_s: float = 600.0  # a policy turn's deadline (EngineConfig.request_timeout_s)
+    env_timeout_s: float = 60.0  # an environment call's deadline (EngineConfig.env_timeout_s)
 
 
 @dataclass

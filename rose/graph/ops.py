@@ -34,12 +34,22 @@ class Op:
         for k, v in params.items():
             if k not in self.params:
                 raise ValueError(f"unknown parameter {k!r}; known: {sorted(self.params)}")
-            if not isinstance(v, self.params[k]):
-                raise TypeError(f"parameter {k!r}={v!r} should be {self.params[k]}")
+            want = self.params[k]
+            # bool is an int to isinstance, never a count or a size to a pipeline
+            if not isinstance(v, want) or (isinstance(v, bool) and bool not in _types(want)):
+                raise TypeError(f"parameter {k!r}={v!r} should be {_type_names(want)}")
 
     def lower(self, node, ctx, inputs: dict[str, list]) -> tuple[list, dict[str, list]]:
         """Return (task specs, {output port: [partition ...]}); a partition is a Ref or a plain value."""
         raise NotImplementedError
+
+
+def _types(want) -> tuple:
+    return want if isinstance(want, tuple) else (want,)
+
+
+def _type_names(want) -> str:
+    return " or ".join("None" if t is type(None) else getattr(t, "__name__", str(t)) for t in _types(want))
 
 
 def register_op(cls: type[Op]) -> type[Op]:

@@ -8,8 +8,9 @@ worker. The task is a coroutine, so Dask runs it on the worker's event loop: a h
 wait on one thread instead of a hundred threads, and the engine thread's kernels do not queue behind them
 for the GIL (measured in benchmarks/rollout_overhead.py). The result is an Arrow RecordBatch of the
 trajectory schema. Nothing is lost on failure:
-an environment that raises or a prompt that does not fit yields a row with finish_reason "failed" and
-the error text, and the step goes on.
+an environment that raises, hangs past `env_timeout_s` or returns nonsense, or a prompt that does not
+fit, yields a row with finish_reason "failed" and the error text (naming the environment, the turn and
+the trajectory id), and the rest of the group and the step go on.
 
 Shedding: when the placement plugin asks this worker to give a task back (its serving traffic needs
 the capacity), every trajectory of the task stops at its next turn boundary and the task returns a
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import reprlib
 import time
 import traceback
 import zlib
@@ -26,8 +28,10 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from rose.errors import EngineError, PromptTooLongError
-from rose.envs.base import replay
+from rose.errors import EngineError, EnvError, PromptTooLongError
+from rose.envs.base import StepResult, replay
+from rose.envs.deadline import DeadlineExceeded, call_with_deadline
+from rose.ops.reward import as_reward
 from rose.runtime.engine.base import SamplingSpec
 from rose.runtime.protocol import Annotation
 from rose.runtime.trajectory import Trajectory, to_batch, trajectory_id
@@ -47,10 +51,16 @@ class RolloutSpec:
     top_p: float = 1.0
     seed: int = 0  # run seed; per-turn sampling seeds derive from it and the trajectory id
     request_timeout_s: float = 600.0  # a policy turn not answered in this long fails the trajectory
+    env_timeout_s: float = 60.0  # an environment call (reset, step) that takes longer fails the trajectory
 
     @property
     def trajectory_id(self) -> str:
         return trajectory_id(self.step, self.group_id, self.sample_id)
+
+    def trajectory(self, **fields) -> Trajectory:
+        """A new row for this spec; it records the environment's kwargs, which a replay needs."""
+        return Trajectory(self.step, self.group_id, self.sample_id, self.env, self.env_seed,
+                          json.dumps(self.env_kwargs), **fields)
 
     def turn_seed(self, turn: int) -> int:
         return zlib.crc32(f"{self.seed}/{self.trajectory_id}/{turn}".encode())
@@ -89,6 +99,11 @@ class Continuation:
         return sum(isinstance(s, Partial) for s in self.states)
 
 
+# Environment answers quoted in errors: long enough to see what was wrong, bounded for huge ones.
+_quote = reprlib.Repr()
+_quote.maxstring, _quote.maxother, _quote.maxlist, _quote.maxtuple = 120, 200, 8, 8
+_quote = _quote.repr
+
 ENGINE_RETRIES = 3  # times a turn is sent again after an engine iteration failed under it
 
 
@@ -109,6 +124,45 @@ async def _generate(engine, prompt: list[int], sampling: SamplingSpec, request_i
                 raise
 
 
+async def env_call(spec: RolloutSpec, what: str, turn: int | None, fn, *args, timeout_s: float | None = None):
+    """One call into the environment (`what`: reset, step, replay, construction) under its deadline.
+
+    Any failure becomes an `EnvError` naming the environment, the call, the turn and the trajectory.
+    The call runs in a thread of its own (`call_with_deadline`): a sync call that hangs cannot be
+    cancelled, so past the deadline the trajectory fails and the thread is abandoned."""
+    timeout_s = spec.env_timeout_s if timeout_s is None else timeout_s
+    where = f"environment {spec.env!r} {what}" + ("" if turn is None else f" at turn {turn}")
+    ctx = {"trajectory_id": spec.trajectory_id, "env": spec.env} | ({} if turn is None else {"turn": turn})
+    try:
+        return await call_with_deadline(fn, *args, timeout_s=timeout_s, name=f"env {spec.trajectory_id} {what}")
+    except DeadlineExceeded:
+        raise EnvError(f"{where} did not return within env_timeout_s={timeout_s:g} s (its thread is abandoned: "
+                       f"a sync call cannot be cancelled)", **ctx) from None
+    except Exception as e:
+        raise EnvError(f"{where} raised {type(e).__name__}: {e}", **ctx) from e
+
+
+def _checked_step(spec: RolloutSpec, turn: int, result) -> StepResult:
+    """The environment's answer, or an EnvError saying what is wrong with it: a NaN reward would
+    otherwise reach the reward op, and a non-string observation the tokenizer, far from its cause."""
+    obs, reward = getattr(result, "observation", None), getattr(result, "reward", None)
+    if not isinstance(obs, str) or as_reward(reward) is None or not hasattr(result, "done"):
+        raise EnvError(f"environment {spec.env!r} step at turn {turn} returned {_quote(result)}; expected a "
+                       f"StepResult(observation: str, reward: finite number, done: bool)",
+                       trajectory_id=spec.trajectory_id, env=spec.env, turn=turn)
+    return result
+
+
+def _reason(e: Exception) -> str:
+    """The text recorded in a failed trajectory's `error`: the exception, and the last frames of what
+    raised it (the environment's own code for an EnvError that wraps one)."""
+    text = f"{type(e).__name__}: {e}"
+    if isinstance(e, PromptTooLongError) or (isinstance(e, EnvError) and e.__cause__ is None):
+        return text  # says all there is to say
+    cause = e.__cause__ if isinstance(e, EnvError) else e
+    return text + "\n" + "".join(traceback.format_exception(cause)[-3:])
+
+
 async def agent_loop(spec: RolloutSpec, env, engine_loop, tokenizer, max_model_len: int, worker: str = "",
                      state: Partial | None = None, stop=lambda: False) -> Trajectory | Partial:
     """Run one episode to the end, or until `stop()` says to give it back (checked between turns).
@@ -122,18 +176,24 @@ async def agent_loop(spec: RolloutSpec, env, engine_loop, tokenizer, max_model_l
     t0 = time.perf_counter()
     actions: list[str] = []
     first_turn = 0
-    traj = Trajectory(spec.step, spec.group_id, spec.sample_id, spec.env, spec.env_seed, json.dumps(spec.env_kwargs, default=repr))
+    traj = spec.trajectory()
     try:
         if state is None:
-            first = env.reset(spec.env_seed)
+            first = await env_call(spec, "reset", 0, env.reset, spec.env_seed)
+            if not isinstance(first, str):
+                raise EnvError(f"environment {spec.env!r} reset returned {_quote(first)}; expected the first "
+                               f"observation as a string", trajectory_id=spec.trajectory_id, env=spec.env, turn=0)
             bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
             traj.add_context(bos + _encode(tokenizer, first))
             if len(traj.token_ids) >= max_model_len:
                 raise PromptTooLongError(f"prompt of {len(traj.token_ids)} tokens does not fit the model's "
-                                         f"context (max_model_len={max_model_len})", trajectory_id=traj.trajectory_id)
+                                         f"context (max_model_len={max_model_len})", trajectory_id=traj.trajectory_id,
+                                         env=spec.env)
         else:
             traj, actions, first_turn = state.traj, list(state.actions), state.turn
-            replay(env, spec.env_seed, actions)
+            # One deadline per call replayed: the replay is that many calls in one thread.
+            await env_call(spec, "replay", first_turn, replay, env, spec.env_seed, actions,
+                           timeout_s=spec.env_timeout_s * (1 + len(actions)))
         traj.finish_reason = "max_turns"
         for turn in range(first_turn, env.max_turns):
             if len(traj.token_ids) >= max_model_len:
@@ -151,19 +211,15 @@ async def agent_loop(spec: RolloutSpec, env, engine_loop, tokenizer, max_model_l
             traj.queue_s += gen.queue_s
             action = tokenizer.decode(gen.token_ids, skip_special_tokens=True)
             actions.append(action)
-            # An environment that blocks (tools, sandboxes, I/O) says so and steps off the event loop.
-            result = await asyncio.to_thread(env.step, action) if getattr(env, "blocking", False) \
-                else env.step(action)
+            result = _checked_step(spec, turn, await env_call(spec, "step", turn, env.step, action))
             traj.env_reward += float(result.reward)
             traj.add_context(_encode(tokenizer, result.observation))
             if result.done:
                 traj.finish_reason = "done"
                 break
-    except Exception as e:  # environment or prompt failure: record it, never lose the trajectory
+    except Exception as e:  # environment, engine or prompt failure: record it, never lose the trajectory
         traj.finish_reason = "failed"
-        traj.error = f"{type(e).__name__}: {e}"
-        if not isinstance(e, PromptTooLongError):
-            traj.error += "\n" + "".join(traceback.format_exception(e)[-3:])
+        traj.error = _reason(e)
     traj.rollout_s += time.perf_counter() - t0
     return traj
 
@@ -174,10 +230,9 @@ async def _one(spec: RolloutSpec, w, state, stop) -> Trajectory | Partial:
     if isinstance(state, Trajectory):  # finished before its group was shed
         return state
     try:
-        env = make_env(spec.env, **spec.env_kwargs)
-    except Exception as e:
-        traj = Trajectory(spec.step, spec.group_id, spec.sample_id, spec.env, spec.env_seed, json.dumps(spec.env_kwargs, default=repr),
-                          finish_reason="failed", error=f"{type(e).__name__}: {e}")
+        env = await env_call(spec, "construction", None, lambda: make_env(spec.env, **spec.env_kwargs))
+    except EnvError as e:
+        traj = spec.trajectory(finish_reason="failed", error=_reason(e))
     else:
         host = w.host
         traj = await agent_loop(spec, env, host.engine, host.tokenizer, host.spec.max_model_len, w.address, state,

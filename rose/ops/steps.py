@@ -1,6 +1,7 @@
 """The RL step's ops: prompts -> rollout -> reward -> train -> sync, with their typed ports."""
 from __future__ import annotations
 
+import json
 import zlib
 from collections.abc import Callable
 
@@ -36,6 +37,10 @@ class PromptsOp(Op):
         from rose.envs import env_class
 
         env_class(params["env"])  # unknown environment -> ConfigError (a ValueError)
+        try:  # each trajectory records them as JSON, for a replay of its environment
+            json.dumps(params.get("env_kwargs", {}))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"env_kwargs={params['env_kwargs']!r} must be JSON values: {e}") from None
         for k in ("num_groups", "group_size"):
             if params[k] < 1:
                 raise ValueError(f"{k}={params[k]} must be >= 1")
@@ -48,7 +53,8 @@ class PromptsOp(Op):
             env_seed = zlib.crc32(f"{seed}/{ctx.step}/{g}".encode())
             for i in range(p["group_size"]):
                 specs.append(RolloutSpec(ctx.step, g, i, p["env"], env_seed, dict(p.get("env_kwargs", {})),
-                                         ctx.temperature, ctx.top_p, seed, ctx.request_timeout_s))
+                                         ctx.temperature, ctx.top_p, seed, ctx.request_timeout_s,
+                                         ctx.env_timeout_s))
         return [], {"specs": specs}
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import random
+import threading
 
 from rose.envs.base import StepResult
 from rose.envs.guess import GuessEnv
@@ -27,7 +28,6 @@ class SlowEnv(GuessEnv):
     to be shed or to lose their worker."""
 
     name = "slow"
-    blocking = True
 
     def step(self, action):
         import time
@@ -90,3 +90,54 @@ class ChattyEnv(GuessEnv):
     def step(self, action):
         self.t += 1
         return StepResult("higher lower higher lower higher lower\n", 0.1, self.t >= self.turns)
+
+
+class HangingEnv(GuessEnv):
+    """Plays like `guess`, but its first `step` hangs for odd seeds (a tool that never answers): it
+    blocks until `HangingEnv.release` is set, or 30 s, so code without a deadline fails a test
+    instead of hanging it."""
+
+    name = "hanging"
+    release = threading.Event()
+
+    def reset(self, seed):
+        self.seed = seed
+        return super().reset(seed)
+
+    def step(self, action):
+        if self.seed % 2 == 1:
+            HangingEnv.release.wait(30)
+        return super().step(action)
+
+
+class BadInputsEnv(GuessEnv):
+    """One environment for every way an environment can go wrong, chosen by the episode's seed % 4:
+    0 plays `guess`; 1 raises in `step`; 2 hangs in `step` (see HangingEnv); 3 opens with a prompt
+    longer than any test model's context."""
+
+    name = "bad_inputs"
+
+    @staticmethod
+    def kind(seed: int) -> str:
+        return ("ok", "raises", "hangs", "long_prompt")[seed % 4]
+
+    def reset(self, seed):
+        self.seed = seed
+        first = super().reset(seed)
+        return "find 1 16 " * 100 + "\n" if self.kind(seed) == "long_prompt" else first
+
+    def step(self, action):
+        if self.kind(self.seed) == "raises":
+            raise RuntimeError(f"environment exploded on purpose (seed {self.seed})")
+        if self.kind(self.seed) == "hangs":
+            HangingEnv.release.wait(30)
+        return super().step(action)
+
+
+class NanRewardEnv(GuessEnv):
+    """Plays like `guess`, but pays a NaN reward on its first step."""
+
+    name = "nan_reward"
+
+    def step(self, action):
+        return StepResult(super().step(action).observation, float("nan"), False)

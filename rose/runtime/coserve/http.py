@@ -5,16 +5,25 @@
 tokens, preemptions). Requests go to the co-serving executor's serving engine only: rollout work
 cannot be submitted here. A bad request gets a 4xx with a message and the server stays up; a client
 that goes away mid-stream has its request aborted.
+
+Hostile clients are bounded (`HttpLimits`): a body over `max_body_bytes` gets 413 (at once when its
+Content-Length says so); a body not received within `body_timeout_s` gets 408 and the connection is
+closed; a connection that never completes a request's headers is closed after `idle_timeout_s`; a
+streaming client that stops reading for `write_timeout_s` is dropped and its request aborted. Each of
+them costs the server a coroutine for that long, never a thread or the engine.
 """
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import math
 import time
+from dataclasses import dataclass
 
 from aiohttp import web
 
+from rose.errors import config_check
 from rose.runtime.coserve.slo import SloConfig
 from rose.runtime.engine.base import SamplingSpec
 
@@ -22,6 +31,27 @@ logger = logging.getLogger("rose.coserve.http")
 
 MAX_BODY_BYTES = 1 << 20  # larger request bodies are refused (413)
 MAX_PROMPT_ITEMS = 1 << 16
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    """What one client may cost the front end. The defaults suit online traffic; tests shorten them."""
+
+    max_body_bytes: int = MAX_BODY_BYTES  # larger request bodies are refused (413)
+    body_timeout_s: float = 10.0  # a body not fully received in this long is refused (408), s
+    # A connection with no complete request (headers) for this long is closed (aiohttp's keepalive
+    # timeout, which it also arms from the moment a connection opens), s.
+    idle_timeout_s: float = 15.0
+    write_timeout_s: float = 30.0  # a streaming client that reads nothing for this long is dropped, s
+
+    def __post_init__(self):
+        c = "HttpLimits"
+        config_check(isinstance(self.max_body_bytes, int) and self.max_body_bytes > 0, c, "max_body_bytes",
+                     self.max_body_bytes, "an int > 0")
+        for name in ("body_timeout_s", "idle_timeout_s", "write_timeout_s"):
+            v = getattr(self, name)
+            config_check(isinstance(v, (int, float)) and math.isfinite(v) and v > 0, c, name, v, "> 0 (seconds)")
+
 TTFT_BUCKETS_MS = (10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000)
 TPOT_BUCKETS_MS = (5, 10, 20, 40, 80, 160, 320, 640)
 
@@ -59,9 +89,19 @@ class BadRequest(Exception):
         self.status = status
 
 
+class ClientGone(Exception):
+    """A streaming client stopped reading (write timeout) or closed its connection."""
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
 class ServingFrontend:
-    def __init__(self, executor, tokenizer, model_name: str, max_model_len: int, slo: SloConfig):
+    def __init__(self, executor, tokenizer, model_name: str, max_model_len: int, slo: SloConfig,
+                 limits: HttpLimits = HttpLimits()):
         self.executor = executor
+        self.limits = limits
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.max_model_len = max_model_len
@@ -77,14 +117,14 @@ class ServingFrontend:
         self.port: int | None = None
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_BODY_BYTES)
+        app = web.Application(client_max_size=self.limits.max_body_bytes)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/metrics", self.metrics)
         return app
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
-        self._runner = web.AppRunner(self.app(), access_log=None)
+        self._runner = web.AppRunner(self.app(), access_log=None, keepalive_timeout=self.limits.idle_timeout_s)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port)
         await site.start()
@@ -144,34 +184,62 @@ class ServingFrontend:
                                   f"context of {self.max_model_len} tokens")
         temperature = body.get("temperature", 1.0)
         top_p = body.get("top_p", 1.0)
-        if not isinstance(temperature, (int, float)) or not 0 <= temperature <= 10:
+        if not _number(temperature) or not 0 <= temperature <= 10:  # NaN fails the comparison too
             raise BadRequest(400, f"field 'temperature' must be in [0, 10], got {temperature!r}")
-        if not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
+        if not _number(top_p) or not 0 < top_p <= 1:
             raise BadRequest(400, f"field 'top_p' must be in (0, 1], got {top_p!r}")
         seed = body.get("seed")
         if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63):
             raise BadRequest(400, f"field 'seed' must be a non-negative integer, got {seed!r}")
+        for flag in ("stream", "ignore_eos"):
+            if not isinstance(body.get(flag, False), bool):
+                raise BadRequest(400, f"field {flag!r} must be true or false, got {body[flag]!r}")
         stop = (self.tokenizer.eos_token_id,) if self.tokenizer.eos_token_id is not None else ()
-        if body.get("ignore_eos"):
+        if body.get("ignore_eos", False):
             stop = ()
         spec = SamplingSpec(max_tokens=max_tokens, temperature=float(temperature), top_p=float(top_p),
                             stop_token_ids=stop, seed=seed)
         return ids, spec, bool(body.get("stream", False))
 
+    async def _body(self, request: web.Request):
+        """The request's JSON body, or BadRequest (400 malformed, 408 too slow, 413 too large)."""
+        limit = self.limits.max_body_bytes
+        if request.content_length is not None and request.content_length > limit:
+            raise BadRequest(413, f"request body of {request.content_length} bytes is over the limit of {limit}")
+        try:
+            raw = await asyncio.wait_for(request.read(), self.limits.body_timeout_s)
+        except asyncio.TimeoutError:
+            raise BadRequest(408, f"request body not received within {self.limits.body_timeout_s:g} s") from None
+        except web.HTTPRequestEntityTooLarge:
+            raise BadRequest(413, f"request body over the limit of {limit} bytes") from None
+        try:
+            # bytes straight to json (it detects UTF-8/16/32): no charset from the client's headers to trust
+            return json.loads(raw)
+        except (ValueError, RecursionError) as e:  # RecursionError: nesting too deep for the parser
+            raise BadRequest(400, f"malformed JSON: {type(e).__name__}: {str(e)[:200]}") from None
+
+    def _refuse(self, e: BadRequest) -> web.Response:
+        self.rejected += 1
+        resp = web.json_response({"error": {"message": str(e), "type": "invalid_request_error", "code": e.status}},
+                                 status=e.status)
+        if e.status in (408, 413):
+            resp.force_close()  # the rest of the body may never come: do not wait for it on this connection
+        return resp
+
+    async def _send(self, resp: web.StreamResponse, data: bytes) -> None:
+        try:
+            await asyncio.wait_for(resp.write(data), self.limits.write_timeout_s)
+        except asyncio.TimeoutError:
+            raise ClientGone(f"client read nothing for {self.limits.write_timeout_s:g} s") from None
+        except (ConnectionResetError, ConnectionError) as e:
+            raise ClientGone(str(e)) from None
+
     async def completions(self, request: web.Request) -> web.StreamResponse:
         t_arrival = time.perf_counter()
         try:
-            try:
-                body = await request.json()
-            except web.HTTPRequestEntityTooLarge:
-                raise BadRequest(413, f"request body over {MAX_BODY_BYTES} bytes") from None
-            except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as e:
-                raise BadRequest(400, f"malformed JSON: {e}") from None
-            ids, spec, stream = self._parse(body)
+            ids, spec, stream = self._parse(await self._body(request))
         except BadRequest as e:
-            self.rejected += 1
-            return web.json_response({"error": {"message": str(e), "type": "invalid_request_error",
-                                                "code": e.status}}, status=e.status)
+            return self._refuse(e)
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
         req = self.executor.serve(ids, spec, on_delta=lambda *d: loop.call_soon_threadsafe(q.put_nowait, d))
@@ -193,12 +261,17 @@ class ServingFrontend:
                     chunk = {"id": rid, "object": "text_completion", "model": self.model_name,
                              "choices": [{"index": 0, "text": self.tokenizer.decode(new, skip_special_tokens=True),
                                           "token_ids": new, "finish_reason": reason if done else None}]}
-                    await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                    await self._send(resp, f"data: {json.dumps(chunk)}\n\n".encode())
                 if done:
                     break
-        except (asyncio.CancelledError, ConnectionResetError):
+        except (asyncio.CancelledError, ConnectionResetError, ClientGone) as e:
             self.executor.abort_serving(req.request_id)  # the client went away: free its slot and memory
             self.aborted += 1
+            if isinstance(e, ClientGone):
+                logger.info("dropped a streaming client: %s", e)
+                if request.transport is not None:
+                    request.transport.abort()
+                return resp
             raise
         self._record(t_arrival, t_first, len(tokens))
         if reason is not None and reason.startswith("error"):
@@ -208,8 +281,12 @@ class ServingFrontend:
             return web.json_response({"error": {"message": reason, "type": "invalid_request_error",
                                                 "code": 400}}, status=400)
         if stream:
-            await resp.write(b"data: [DONE]\n\n")
-            await resp.write_eof()
+            try:
+                await self._send(resp, b"data: [DONE]\n\n")
+                await resp.write_eof()
+            except ClientGone:  # it had every token; only the end marker was lost
+                if request.transport is not None:
+                    request.transport.abort()
             return resp
         usage = {"prompt_tokens": len(ids), "completion_tokens": len(tokens), "total_tokens": len(ids) + len(tokens)}
         text = self.tokenizer.decode(tokens, skip_special_tokens=True)
