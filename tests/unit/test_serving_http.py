@@ -184,6 +184,23 @@ def test_a_client_that_stalls_mid_body_gets_408_and_others_are_served_meanwhile(
     _good(port)
 
 
+def test_a_client_that_hangs_up_mid_body_is_counted_not_logged_as_a_server_error(live, caplog):
+    import logging
+    import time
+
+    front, port = live
+    before = front.rejected
+    with caplog.at_level(logging.ERROR, logger="aiohttp.server"):
+        for _ in range(5):
+            _raw(port, HEAD + b"Content-Length: 100\r\n\r\n{\"prompt\": ").close()
+        deadline = time.monotonic() + 10
+        while front.rejected < before + 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert front.rejected == before + 5
+    assert [r.getMessage() for r in caplog.records if r.name == "aiohttp.server"] == []
+    _good(port)
+
+
 def test_a_client_that_stalls_in_its_headers_is_disconnected(live):
     front, port = live
     stalled = [_raw(port, HEAD) for _ in range(20)]  # headers never finished

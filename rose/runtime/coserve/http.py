@@ -212,6 +212,8 @@ class ServingFrontend:
             raise BadRequest(408, f"request body not received within {self.limits.body_timeout_s:g} s") from None
         except web.HTTPRequestEntityTooLarge:
             raise BadRequest(413, f"request body over the limit of {limit} bytes") from None
+        except ConnectionError as e:  # the client closed the connection mid-body: no one to answer
+            raise ClientGone(f"client closed the connection mid-body: {e}") from None
         try:
             # bytes straight to json (it detects UTF-8/16/32): no charset from the client's headers to trust
             return json.loads(raw)
@@ -240,6 +242,9 @@ class ServingFrontend:
             ids, spec, stream = self._parse(await self._body(request))
         except BadRequest as e:
             return self._refuse(e)
+        except ClientGone:
+            self.rejected += 1
+            return web.Response(status=400)  # never read: the client is gone
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
         req = self.executor.serve(ids, spec, on_delta=lambda *d: loop.call_soon_threadsafe(q.put_nowait, d))
