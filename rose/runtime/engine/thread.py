@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from concurrent.futures import Future
+from typing import Callable
 
 from rose.errors import EngineError
 from rose.runtime.engine.base import Engine, SamplingSpec
@@ -38,6 +40,32 @@ def warm_up(engine: Engine | None) -> Engine | None:
     while engine.has_unfinished():
         engine.step()
     return engine
+
+
+def background(fn: Callable, name: str, cores: tuple[int, ...] | None = None) -> Future:
+    """Run `fn()` on a new daemon thread (bound to `cores`, like the engine thread it works for); the
+    future resolves to its result or its exception. For work that must not hold an engine thread:
+    building an engine, staging weights."""
+    fut: Future = Future()
+    fut.set_running_or_notify_cancel()  # a caller that gives up cannot cancel it (see engine_future)
+
+    def run():
+        _bind(name, cores)
+        try:
+            fut.set_result(fn())
+        except BaseException as e:
+            fut.set_exception(e)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return fut
+
+
+def _bind(name: str, cores: tuple[int, ...] | None) -> None:
+    if cores:
+        try:  # thread-level binding (Linux), even where the process as a whole is not bound
+            os.sched_setaffinity(threading.get_native_id(), set(cores))
+        except (AttributeError, OSError) as e:
+            logger.warning("cannot bind %s to cores %s: %s", name, cores, e)
 
 
 class CommandThread:
@@ -92,11 +120,7 @@ class CommandThread:
         raise NotImplementedError
 
     def _run(self) -> None:
-        if self.cores:
-            try:  # thread-level binding (Linux), even where the process as a whole is not bound
-                os.sched_setaffinity(threading.get_native_id(), set(self.cores))
-            except (AttributeError, OSError) as e:
-                logger.warning("cannot bind %s to cores %s: %s", self._thread.name, self.cores, e)
+        _bind(self._thread.name, self.cores)
         try:
             self._build()
         except BaseException as e:  # surfaces in _start

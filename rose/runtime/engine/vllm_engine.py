@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 
 from rose.config import EngineConfig
 from rose.errors import EngineError, PromptTooLongError
 from rose.runtime.engine.base import EngineOutput, SamplingSpec
+from rose.runtime.engine.vllm_weights import param_dtypes
 
 logger = logging.getLogger("rose.engine")
 
@@ -67,11 +69,23 @@ def _reload_from_tensors(worker, named_tensors):
     return len(named_tensors)
 
 
+@dataclass(frozen=True)
+class KvState:
+    """One engine's KV cache now, in tokens (whole blocks: vLLM allocates KV by the block)."""
+
+    free_tokens: int  # tokens in free blocks (evictable prefix-cache blocks count as free)
+    needed_tokens: int  # tokens of blocks its waiting requests need before they can run
+    total_tokens: int  # the whole cache
+    usage: float  # fraction of blocks in use, 0..1 (vLLM's own figure)
+
+
 class VllmEngine:
     def __init__(self, model_dir: str, cfg: EngineConfig, max_model_len: int, seed: int = 0,
-                 sleep_mode: bool = False):
+                 sleep_mode: bool = False, num_kv_blocks: int | None = None):
         """`sleep_mode` (GPU hosts; untested here): the engine can free its device memory with `sleep`
-        and take it back with `wake_up` (vLLM sleep mode), for a co-serving device under a burst."""
+        and take it back with `wake_up` (vLLM sleep mode), for a co-serving device under a burst.
+        `num_kv_blocks`: the KV cache's size in blocks, overriding the size vLLM derives from
+        VLLM_CPU_KVCACHE_SPACE or `gpu_memory_utilization` (tests fill a small cache on purpose)."""
         from vllm.engine.arg_utils import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine
 
@@ -104,11 +118,18 @@ class VllmEngine:
             enable_sleep_mode=sleep_mode,
             enable_chunked_prefill=None if chunked else False,  # None: vLLM's default
             max_num_batched_tokens=budget,
+            num_gpu_blocks_override=num_kv_blocks,
         )
         self.can_sleep = sleep_mode
         self._engine = LLMEngine.from_engine_args(args)
         hf_config = self._engine.vllm_config.model_config.hf_config
         self._tied_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
+        # The dtype of every model parameter, when they share one (None if not): staged weights are
+        # cast to it ahead of the swap, the same rounding the copy into the parameter would do.
+        dtypes = set(self._engine.collective_rpc(param_dtypes)[0])
+        self.param_dtype = dtypes.pop() if len(dtypes) == 1 else None  # a torch dtype
+        self._scheduler = None  # vLLM's scheduler, found on the first KV read
+        self.slowest_reload_step_ms = 0.0  # the longest step of a staged reload so far (`StagedLoad`)
 
     @property
     def weight_version(self) -> int:
@@ -167,25 +188,63 @@ class VllmEngine:
         return self._engine.get_num_unfinished_requests()
 
     def kv_usage(self) -> float:
-        try:  # in-process engine core: read the KV manager directly
-            return float(self._engine.engine_core.engine_core.scheduler.kv_cache_manager.usage)
-        except AttributeError:
-            return 0.0
+        return self.kv_state().usage
 
-    def load_weights(self, named_tensors: dict, version: int) -> None:
-        if self._engine.has_unfinished_requests():
-            raise EngineError("load_weights with requests in flight would mix weight versions",
-                              version=version)
+    def kv_state(self) -> KvState:
+        """The KV cache as vLLM's scheduler holds it. Raises EngineError where it cannot be read
+        (an engine core in another process): an admission controller that read zeros would think the
+        cache always empty."""
+        s = self._scheduler
+        if s is None:
+            try:  # in-process engine core (VLLM_ENABLE_V1_MULTIPROCESSING=0): its scheduler, directly
+                s = self._engine.engine_core.engine_core.scheduler
+                s.kv_cache_manager.block_pool.get_num_free_blocks()
+            except AttributeError as e:
+                raise EngineError(f"cannot read this vLLM engine's KV cache ({e}): ROSE needs an in-process "
+                                  f"engine core (VLLM_ENABLE_V1_MULTIPROCESSING=0)") from None
+            self._scheduler = s
+        pool, bs = s.kv_cache_manager.block_pool, s.block_size
+        # Waiting requests need blocks for all their tokens; a preempted one that kept some blocks
+        # (vLLM's `kv_holding_waiting`) needs only the rest.
+        need = sum(-(-r.num_tokens // bs) for r in s.waiting)
+        need += sum(max(0, -(-r.num_tokens // bs) - -(-r.num_computed_tokens // bs)) for r in s.kv_holding_waiting)
+        # One block of the pool is vLLM's null block, never free.
+        return KvState(pool.get_num_free_blocks() * bs, need * bs, (pool.num_gpu_blocks - 1) * bs, pool.get_usage())
+
+    def _tied(self, named_tensors: dict) -> dict:
         if self._tied_embeddings and "lm_head.weight" not in named_tensors and _EMBED in named_tensors:
             # A tied checkpoint stores the embedding once. vLLM's in-place reload then finds nothing
             # for lm_head and puts its previous (repacked) kernel back: the engine would keep the last
             # synced head. Name the tie explicitly. (Measured: 0.09 nats mean log-prob mismatch on the
             # first step after a reset, without this.)
-            named_tensors = {**named_tensors, "lm_head.weight": named_tensors[_EMBED]}
-        self._engine.collective_rpc(_reload_from_tensors, args=(named_tensors,))
+            return {**named_tensors, "lm_head.weight": named_tensors[_EMBED]}
+        return named_tensors
+
+    def check_idle(self, version: int) -> None:
+        if self._engine.has_unfinished_requests():
+            raise EngineError("load_weights with requests in flight would mix weight versions", version=version)
+
+    def load_weights(self, named_tensors: dict, version: int) -> None:
+        """The whole reload in one call (about 150-370 ms for 101 M parameters here)."""
+        self.check_idle(version)
+        self._engine.collective_rpc(_reload_from_tensors, args=(self._tied(named_tensors),))
+        self.commit_version(version)
+
+    def commit_version(self, version: int) -> None:
         # Cached KV blocks were computed with the old weights: drop them.
         self._engine.reset_prefix_cache()
         self._version = version
+
+    def rpc(self, fn, *args):
+        """`fn(worker, *args)` on vLLM's worker, in this process."""
+        return self._engine.collective_rpc(fn, args=args)
+
+    def stage_weights(self, named_tensors: dict, version: int):
+        """`load_weights` in slices (`StagedLoad.advance`), prepared now: call from any thread; the
+        engine is not touched until the first `advance`."""
+        from rose.runtime.engine.vllm_weights import StagedLoad
+
+        return StagedLoad(self, self._tied(named_tensors), version)
 
     # ---------------------------------------------------------------- GPU co-serving (untested here)
     def sleep(self) -> None:
