@@ -1,6 +1,7 @@
 """The worker plugin and its hosts without a cluster: a stand-in Dask worker, the FakeEngine in place of
 vLLM, a stand-in Trainer."""
 import asyncio
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -41,7 +42,7 @@ def spec(tmp_path):
     return ModelSpec(str(tmp_path), 64, EngineConfig(dtype="float32", max_num_seqs=8))
 
 
-def test_a_dedicated_worker_prepares_reports_commits_and_sheds(spec, monkeypatch):
+def test_a_dedicated_worker_prepares_reports_commits_and_sheds(spec, monkeypatch, tmp_path):
     built = []
 
     def build(host, s):
@@ -75,6 +76,15 @@ def test_a_dedicated_worker_prepares_reports_commits_and_sheds(spec, monkeypatch
             engine = plugin.host.engine
             assert plugin.prepare(spec).weight_version == 0  # same model: the engine is kept, reloaded
             assert plugin.host.engine is engine and len(built) == 1
+
+            # A resumed run (or a replaced trainer): the checkpoint's weights, at its version.
+            ckpt = tmp_path / "ckpt"
+            ckpt.mkdir()
+            save_file(_params(2.0), str(ckpt / "model.safetensors"))
+            resumed = replace(spec, weights_dir=str(ckpt), version=4)
+            assert plugin.prepare(resumed).weight_version == 4 and plugin.weights.version == 4
+            expected, _ = shard_params(_params(2.0), 4, "float32", plugin.weights.shard_bytes)
+            assert plugin.weights.manifest.hashes() == expected.hashes() and len(built) == 1
 
             plugin.set_slot_cap(3)
             assert plugin.report().slots == 3 and worker.events[-1][1]["slots"] == 3

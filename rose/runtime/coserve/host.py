@@ -75,14 +75,15 @@ class ServingHost(Host):
         logger.info("serving %s on http://%s:%d", self.front.model_name, self.cfg.http_host, port)
 
     def prepare(self, spec: ModelSpec) -> None:
-        """Give the executor the run's rollout engine (first run), or reset it to the checkpoint."""
+        """Give the executor the run's rollout engine (first run), or reset it to the run's starting
+        weights (the model's, or a checkpoint's when the run resumes or its trainer was replaced)."""
         import torch
         from transformers import AutoTokenizer
 
         from rose.runtime.engine.vllm_engine import VllmEngine
 
         key = (spec.model_dir, spec.max_model_len, spec.engine)
-        checkpoint = load_checkpoint(spec.model_dir)
+        checkpoint = load_checkpoint(spec.weights_from)
         if self.rollout_key is None:
             # On a GPU both engines share device memory (each takes its `gpu_memory_utilization`), and the
             # rollout engine sleeps when a burst needs the memory. That path is untested here (no GPU vLLM).
@@ -91,15 +92,17 @@ class ServingHost(Host):
                 lambda: VllmEngine(spec.model_dir, spec.engine, spec.max_model_len, seed=spec.seed,
                                    sleep_mode=gpu)).result()
             self.rollout_key = key
+            if spec.weights_dir is not None or spec.version != 0:  # a resumed run: the checkpoint's weights
+                self.executor.load_weights(checkpoint, spec.version).result()
         elif key != self.rollout_key:
             raise ConfigError(f"serving worker {self.address}'s rollout engine runs {self.rollout_key[0]}; a run "
                               f"of {spec.model_dir} needs a new worker (in-process vLLM engines cannot be replaced)")
         else:
-            self.executor.load_weights(checkpoint, 0).result()
+            self.executor.load_weights(checkpoint, spec.version).result()
         self.tokenizer = AutoTokenizer.from_pretrained(spec.model_dir)
         # What the rollout engine holds, as shards: the base of the first sync's deltas.
         self.weights.reset(spec.engine.dtype)
-        self.weights.adopt(checkpoint, 0)
+        self.weights.adopt(checkpoint, spec.version)
         self.spec = spec
 
     @property
