@@ -35,7 +35,7 @@ from rose.runtime.protocol import ModelSpec, rollout_addresses
 from rose.runtime.trajectory import TRAJECTORY_SCHEMA
 from rose.runtime.worker.plugin import prepare_worker
 from rose.schedule import plan_run
-from rose.step import Step
+from rose.step import Step, await_futures
 
 logger = logging.getLogger("rose.run")
 
@@ -201,7 +201,7 @@ class _Run:
         tag = uuid.uuid4().hex[:8]  # keys of an earlier preparation (a replaced trainer) are not reused
         futures = [self.client.submit(prepare_worker, spec, workers=[a], pure=False, key=f"rose-prepare-{a}-{tag}")
                    for a in [trainer] + rollout_workers]
-        _await(futures, self.fleet.check_trainer)
+        await_futures(futures, self.fleet.check_trainer)
         prepared = self.client.gather(futures)
         self.fleet.synced = {a: spec.version for a in rollout_workers}
         logger.info("workers prepared in %.1f s: %s", time.perf_counter() - t0, prepared)
@@ -245,7 +245,7 @@ class _Run:
         path = self.run_dir.new_path(st.step)
         fut = self.client.submit(save_checkpoint, path, version, workers=[self.fleet.trainer], pure=False,
                                  key=f"rose-checkpoint-{st.step}-{uuid.uuid4().hex[:8]}")
-        _await([fut], lambda: self.fleet.poll(self.version))
+        await_futures([fut], lambda: self.fleet.poll(self.version))
         info = fut.result()
         logger.info("step %d: checkpoint of weight version %d written in %.1f s: %s", st.step, version,
                     info["seconds"], path)
@@ -289,14 +289,3 @@ class _Run:
                       sum(r["lost"] for r in self.rows), sum(r["duplicated"] for r in self.rows),
                       sum(r["workers_lost"] for r in self.rows), self.trainer_restarts)
 
-
-def _await(futures: list, check: Callable[[], None], poll_s: float = 0.5) -> None:
-    """Wait for `futures`, calling `check` (which may raise) between looks."""
-    from distributed import wait
-
-    while True:
-        try:
-            wait(futures, timeout=poll_s)
-            return
-        except TimeoutError:
-            check()

@@ -27,6 +27,16 @@ logger = logging.getLogger("rose.run")
 PARTS = {"gen": ("rollout", "reward"), "train": ("train",), "sync": ("sync",)}
 
 
+def await_futures(futures: list, check, poll_s: float = 0.5) -> None:
+    """Wait for `futures`, calling `check()` (which may raise) between looks."""
+    while True:
+        try:
+            wait(futures, timeout=poll_s)
+            return
+        except TimeoutError:
+            check()
+
+
 def _the(graph, phase: str):
     """The one node of `phase` (validate_step made sure there is one)."""
     (node,) = [n for n in graph.nodes.values() if get_op(n.op).phase == phase]
@@ -84,15 +94,10 @@ class Step:
     def _futures(self, keys: list[str]) -> list:
         return [self.futures[k] for k in keys]
 
-    def _await(self, futures: list, poll_s: float = 0.5) -> None:
+    def _await(self, futures: list) -> None:
         """Wait for `futures`, polling the fleet meanwhile: workers that connect join the run, and a
         trainer that left raises `TrainerLost` (tasks bound to it would otherwise wait forever)."""
-        while True:
-            try:
-                wait(futures, timeout=poll_s)
-                return
-            except TimeoutError:
-                self.fleet.poll(self.version)
+        await_futures(futures, lambda: self.fleet.poll(self.version))
 
     def wait(self) -> None:
         """Wait for the step's rollouts, then for the scored trajectories its train node takes."""

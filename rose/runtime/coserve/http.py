@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from rose.errors import config_check
+from rose.runtime.coserve.histogram import TPOT_BUCKETS_MS, TTFT_BUCKETS_MS, Histogram
 from rose.runtime.coserve.slo import SloConfig
 from rose.runtime.engine.base import SamplingSpec
 
@@ -52,36 +53,6 @@ class HttpLimits:
             v = getattr(self, name)
             config_check(isinstance(v, (int, float)) and math.isfinite(v) and v > 0, c, name, v, "> 0 (seconds)")
 
-TTFT_BUCKETS_MS = (10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000)
-TPOT_BUCKETS_MS = (5, 10, 20, 40, 80, 160, 320, 640)
-
-
-class _Histogram:
-    def __init__(self, name: str, help_: str, buckets):
-        self.name, self.help, self.buckets = name, help_, buckets
-        self.counts = [0] * (len(buckets) + 1)
-        self.total = 0.0
-        self.n = 0
-
-    def observe(self, v: float) -> None:
-        self.n += 1
-        self.total += v
-        for i, b in enumerate(self.buckets):
-            if v <= b:
-                self.counts[i] += 1
-                return
-        self.counts[-1] += 1
-
-    def text(self) -> list[str]:
-        lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} histogram"]
-        cum = 0
-        for b, c in zip(self.buckets, self.counts):
-            cum += c
-            lines.append(f'{self.name}_bucket{{le="{b}"}} {cum}')
-        lines.append(f'{self.name}_bucket{{le="+Inf"}} {self.n}')
-        lines += [f"{self.name}_sum {self.total}", f"{self.name}_count {self.n}"]
-        return lines
-
 
 class BadRequest(Exception):
     def __init__(self, status: int, message: str):
@@ -106,8 +77,8 @@ class ServingFrontend:
         self.model_name = model_name
         self.max_model_len = max_model_len
         self.slo = slo
-        self.ttft = _Histogram("rose_serving_ttft_ms", "time to first token (ms)", TTFT_BUCKETS_MS)
-        self.tpot = _Histogram("rose_serving_tpot_ms", "mean time per output token after the first (ms)",
+        self.ttft = Histogram("rose_serving_ttft_ms", "time to first token (ms)", TTFT_BUCKETS_MS)
+        self.tpot = Histogram("rose_serving_tpot_ms", "mean time per output token after the first (ms)",
                                TPOT_BUCKETS_MS)
         self.requests = 0
         self.slo_met = 0
