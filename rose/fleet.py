@@ -25,10 +25,13 @@ from rose.runtime.worker.plugin import prepare_worker
 logger = logging.getLogger("rose.run")
 
 
-def roles_of(client: Client) -> dict[str, list[str]]:
-    """Worker addresses by ROSE role, from the reports workers attach to their heartbeats."""
+def roles_of(client: Client, workers: dict | None = None) -> dict[str, list[str]]:
+    """Worker addresses by ROSE role, from the reports workers attach to their heartbeats (`workers`:
+    the scheduler's worker info, if the caller has it already)."""
+    if workers is None:
+        workers = client.scheduler_info(n_workers=-1)["workers"]
     by_role: dict[str, list[str]] = collections.defaultdict(list)
-    for addr, info in client.scheduler_info(n_workers=-1)["workers"].items():
+    for addr, info in workers.items():
         msg = (info.get("metrics") or {}).get(PLUGIN_NAME)
         try:
             by_role[WorkerReport.from_msg(msg).role].append(addr)
@@ -88,14 +91,15 @@ class Fleet:
         """Notice arrivals and departures; start or finish joins. Cheap: one scheduler call."""
         from rose.ops.train import catch_up
 
-        self.check_trainer()
+        present = self.check_trainer()
         current = set(rollout_addresses(self.roles))
-        for a in [a for a in self.synced if a not in current]:
+        # Gone means gone from the scheduler: a worker whose last heartbeat lacked its report is still here.
+        for a in [a for a in self.synced if a not in present]:
             self.lost[a] = self._departure(a)
             logger.warning("rollout worker %s left the run (%s)", a, self.lost[a])
             del self.synced[a]
         for a, fut in list(self.joining.items()):
-            if a not in current:
+            if a not in present:
                 del self.joining[a]
                 self.catching_up.discard(a)
             elif fut.done():
@@ -132,11 +136,14 @@ class Fleet:
                                                  key=f"rose-catch-up-{a}-{self._n}")
             self.catching_up.add(a)
 
-    def check_trainer(self) -> None:
-        """Refresh `roles`; raise TrainerLost if the run's trainer is no longer among them."""
-        self.roles = roles_of(self.client)
-        if self.trainer not in self.roles.get("trainer", ()):
+    def check_trainer(self) -> set[str]:
+        """Refresh `roles`; raise TrainerLost if the run's trainer is no longer connected to the scheduler.
+        Returns the addresses of every connected worker."""
+        workers = self.client.scheduler_info(n_workers=-1)["workers"]
+        self.roles = roles_of(self.client, workers)
+        if self.trainer not in workers:
             raise TrainerLost(f"the trainer worker {self.trainer} left the run ({self._departure(self.trainer)})")
+        return set(workers)
 
     def _departure(self, addr: str) -> str:
         """Why the scheduler removed `addr`, from the placement plugin's event log (its stimulus id names

@@ -26,7 +26,9 @@ class FakeClient:
         self.workers, self.failures, self.submitted = workers, failures, []
 
     def scheduler_info(self, n_workers=-1):
-        return {"workers": {a: {"metrics": {"rose": {"worker": a, "role": r}}} for a, r in self.workers.items()}}
+        # role None: connected, but its last heartbeat carried no ROSE report
+        return {"workers": {a: {"metrics": {"rose": {"worker": a, "role": r}} if r else {}}
+                            for a, r in self.workers.items()}}
 
     def submit(self, fn, *args, key=None, **kwargs):
         self.submitted.append(key)
@@ -91,3 +93,11 @@ def test_a_trainer_that_left_ends_every_poll_until_one_connects():
         fleet_mod.wait_for_trainer(client, timeout_s=0.0, poll_s=0.0, gone="tcp://t")
     client.workers["tcp://t2"] = "trainer"  # the nanny restarted it, at a new address
     assert fleet_mod.wait_for_trainer(client, timeout_s=0.0, poll_s=0.0, gone="tcp://t") == "tcp://t2"
+
+
+def test_a_worker_whose_heartbeat_lacks_its_report_is_not_taken_for_gone():
+    client = FakeClient({"tcp://t": "trainer", "tcp://d": "dedicated"})
+    f = Fleet(client, spec=None, trainer="tcp://t", ready=["tcp://d"])
+    client.workers.update({"tcp://t": None, "tcp://d": None})  # still connected, no report this time
+    f.poll(0)
+    assert f.ready == ["tcp://d"] and f.lost == {}

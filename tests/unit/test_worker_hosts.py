@@ -58,6 +58,11 @@ def test_a_dedicated_worker_prepares_reports_commits_and_sheds(spec, monkeypatch
         try:
             first = worker.metrics[PLUGIN_NAME](worker)  # what registration carries
             assert first == WorkerReport(worker.address, "dedicated", "b").to_msg()
+            # A host caught mid-change still says who it is: Dask would drop a metric that raises.
+            monkeypatch.setattr(plugin.host, "report", lambda: 1 / 0)
+            assert worker.metrics[PLUGIN_NAME](worker) == first
+            monkeypatch.undo()
+            monkeypatch.setattr(RolloutHost, "_build", build)
 
             report = plugin.prepare(spec)
             assert (report.slots, report.weight_version, report.model) == (8, 0, spec.model_dir)

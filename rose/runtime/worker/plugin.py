@@ -77,7 +77,7 @@ class RoseWorker(WorkerPlugin):
         await self.host.start()
         # The first report rides in Worker.metrics: a preload runs before the worker connects. Later
         # ones go with Worker.log_event on every change (capacity, weight version), checked every 100 ms.
-        worker.metrics[PLUGIN_NAME] = lambda w: self.report().to_msg()
+        worker.metrics[PLUGIN_NAME] = lambda w: self._metric()
         worker.stream_handlers["rose-shed"] = self._on_shed
         self._report_pc = PeriodicCallback(self.send_report, REPORT_CHECK_MS)
         self._report_pc.start()
@@ -115,6 +115,16 @@ class RoseWorker(WorkerPlugin):
         return WorkerReport(worker=self.address, role=self.role, site=self.site, slots=self.slots,
                             elastic=self.elastic, colocated=self.colocated,
                             **(self.host.report() if self.host is not None else {}))
+
+    def _metric(self) -> dict:
+        """The report for the heartbeat. Never raises: Dask drops a metric that raises, without a word,
+        and a worker whose heartbeat lacks its report has no role for the driver (a trainer would look
+        gone). A host caught mid-change still reports who it is."""
+        try:
+            return self.report().to_msg()
+        except Exception:
+            logger.exception("worker %s could not build its report; sending its role only", self.address)
+            return WorkerReport(worker=self.address, role=self.role, site=self.site).to_msg()
 
     def send_report(self, force: bool = False) -> None:
         """Tell the scheduler's placement plugin about a change (or every 2 s, for its history)."""
