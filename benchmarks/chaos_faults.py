@@ -19,40 +19,7 @@ import threading
 import time
 
 from rose.runtime.protocol import PLUGIN_NAME, ROLLOUT_KEY_PREFIX
-
-
-def _corrupt_next_replies(how: str, n: int = 1, dask_worker=None):
-    """The next `n` shard replies this worker serves arrive bad: one byte flipped, or cut short."""
-    ep = dask_worker.plugins[PLUGIN_NAME].weights
-    serve, left = ep._serve, [n]
-
-    def corrupted(items):
-        out = serve(items)
-        for reply in out:
-            if reply is not None and left[0] > 0:
-                key = "dense" if "dense" in reply else "values"
-                b = bytearray(reply[key])
-                if how == "flip":
-                    b[len(b) // 2] ^= 0x10
-                else:
-                    del b[len(b) // 2:]
-                reply[key] = bytes(b)
-                left[0] -= 1
-                if left[0] == 0:
-                    ep.__dict__.pop("_serve", None)
-        return out
-
-    ep._serve = corrupted
-    return True
-
-
-def _stall_pulls(dask_worker):
-    """This worker's shard pulls never answer: a sync waits on it until it is killed."""
-    async def stalled(hops, manifest):
-        await asyncio.sleep(3600)
-
-    dask_worker.handlers["rose_weights_pull"] = stalled
-    return True
+from tests.helpers.faults import corrupt_next_replies, stall_pulls
 
 
 class FaultInjector:
@@ -130,14 +97,14 @@ class FaultInjector:
         what, _, when = kind.partition("@")
         if what in ("flip_shard", "truncate_shard"):
             trainer = self._by_role("trainer")
-            self.client.run(_corrupt_next_replies, "flip" if what == "flip_shard" else "truncate", workers=[trainer])
+            self.client.run(corrupt_next_replies, "flip" if what == "flip_shard" else "truncate", workers=[trainer])
             self.corrupt_injected += 1
             return f"next shard reply from the trainer {trainer} {'flipped' if what == 'flip_shard' else 'truncated'}"
         role = {"kill_dedicated": "dedicated", "kill_serving": "serving", "kill_trainer": "trainer",
                 "kill_receiver": "dedicated"}[what]
         if when == "sync":
             victim = self._by_role(role)
-            self.client.run(_stall_pulls, workers=[victim])
+            self.client.run(stall_pulls, workers=[victim])
             if self._wait_for("trainer", lambda k: f"-sync-s{step}" in k) is None:
                 return None
             time.sleep(0.5)  # the sync is now waiting on the stalled pull

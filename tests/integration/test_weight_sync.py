@@ -11,6 +11,7 @@ import pytest
 
 import rose
 from rose.config import ClusterConfig, EngineConfig
+from tests.helpers.faults import corrupt_next_replies, restore_replies, stall_pulls
 from tests.integration.helpers import small_pipeline
 
 pytestmark = pytest.mark.integration
@@ -27,32 +28,6 @@ def two_site_cluster():
     cfg = ClusterConfig(num_dedicated=2, trainer_site="a", dedicated_sites=("b", "b"))
     with LocalRoseCluster(cfg, EngineConfig()) as c, Client(c) as client:
         yield client
-
-
-def _flip_first_replies(dask_worker, n=1):
-    """Corrupt the next `n` shard replies this worker serves: one byte flipped 'in transit'."""
-    ep = dask_worker.plugins["rose"].weights
-    serve, left = ep._serve, [n]
-
-    def corrupted(items):
-        out = serve(items)
-        for reply in out:
-            if reply is not None and left[0] > 0:
-                key = "dense" if "dense" in reply else "values"
-                b = bytearray(reply[key])
-                b[len(b) // 2] ^= 0x10
-                reply[key] = bytes(b)
-                left[0] -= 1
-        return out
-
-    ep._serve = corrupted
-    return True
-
-
-def _restore(dask_worker):
-    ep = dask_worker.plugins["rose"].weights
-    ep.__dict__.pop("_serve", None)
-    return True
 
 
 def _greedy(prompts):
@@ -107,11 +82,11 @@ def test_sync_relays_detects_corruption_and_engines_match_a_fresh_load(two_site_
     p = small_pipeline("guess", groups=2, group_size=4, steps=1)
     rose.run(p, cluster=client, progress=False)  # builds the engines; one clean sync
 
-    client.run(_flip_first_replies, workers=dedicated)  # relays corrupt their first reply
+    client.run(corrupt_next_replies, workers=dedicated)  # relays corrupt their first reply
     try:
         report = rose.run(small_pipeline("guess", groups=2, group_size=4, steps=2), cluster=client, progress=False)
     finally:
-        client.run(_restore, workers=dedicated)
+        client.run(restore_replies, workers=dedicated)
     m = report.metrics
     assert m["sync_refetches"].sum() >= 1  # the bad shard was caught and fetched again
     assert m["weight_version"].tolist() == [1, 2]
@@ -238,17 +213,6 @@ def test_a_commit_refused_by_one_receiver_is_named_and_the_next_sync_completes_i
     client.run(lambda dask_worker: dask_worker.plugins["rose"].weights.mark_synced(v), workers=[trainer])
 
 
-def _stall_pulls(dask_worker):
-    """This receiver's pull never answers (as a worker that hangs, then dies)."""
-    import asyncio
-
-    async def stalled(hops, manifest):
-        await asyncio.sleep(3600)
-
-    dask_worker.handlers["rose_weights_pull"] = stalled
-    return True
-
-
 def test_a_receiver_killed_during_a_sync_is_dropped_and_the_others_get_the_version(two_site_cluster):
     """Last in this module: it kills one of the cluster's workers (its nanny starts a new one)."""
     import os
@@ -260,7 +224,7 @@ def test_a_receiver_killed_during_a_sync_is_dropped_and_the_others_get_the_versi
     client = two_site_cluster
     trainer, (victim, survivor) = _roles(client)
     v = client.run(_publish_next, workers=[trainer])[trainer]
-    client.run(_stall_pulls, workers=[victim])
+    client.run(stall_pulls, workers=[victim])
     pid = client.run(os.getpid, workers=[victim])[victim]
     fut = client.submit(sync_weights, {"version": v}, (victim, survivor), workers=[trainer], pure=False)
     time.sleep(2.0)  # the sync is waiting on the stalled pull

@@ -1,0 +1,44 @@
+"""Faults injected into a live worker with `client.run` (tests and benchmarks/chaos.py): shard replies
+corrupted in transit, a receiver whose pulls never answer."""
+import asyncio
+
+from rose.runtime.protocol import PLUGIN_NAME
+
+
+def corrupt_next_replies(how: str = "flip", n: int = 1, dask_worker=None):
+    """The next `n` shard replies this worker serves arrive bad: one byte flipped, or cut short."""
+    ep = dask_worker.plugins[PLUGIN_NAME].weights
+    serve, left = ep._serve, [n]
+
+    def corrupted(items):
+        out = serve(items)
+        for reply in out:
+            if reply is not None and left[0] > 0:
+                key = "dense" if "dense" in reply else "values"
+                b = bytearray(reply[key])
+                if how == "flip":
+                    b[len(b) // 2] ^= 0x10
+                else:
+                    del b[len(b) // 2:]
+                reply[key] = bytes(b)
+                left[0] -= 1
+                if left[0] == 0:
+                    ep.__dict__.pop("_serve", None)
+        return out
+
+    ep._serve = corrupted
+    return True
+
+
+def restore_replies(dask_worker):
+    dask_worker.plugins[PLUGIN_NAME].weights.__dict__.pop("_serve", None)
+    return True
+
+
+def stall_pulls(dask_worker):
+    """This worker's shard pulls never answer: a sync waits on it (until it is killed)."""
+    async def stalled(hops, manifest):
+        await asyncio.sleep(3600)
+
+    dask_worker.handlers["rose_weights_pull"] = stalled
+    return True
