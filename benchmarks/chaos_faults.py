@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 
+from rose.fleet import scheduler_workers
 from rose.runtime.protocol import PLUGIN_NAME, ROLLOUT_KEY_PREFIX
 from tests.helpers.faults import corrupt_next_replies, stall_pulls
 
@@ -51,7 +52,7 @@ class FaultInjector:
             self._threads.append(t)
 
     def _workers(self) -> dict[str, dict]:
-        return self.client.scheduler_info(n_workers=-1)["workers"]
+        return scheduler_workers(self.client)
 
     def _by_role(self, role: str) -> str | None:
         for addr, w in self._workers().items():
@@ -155,7 +156,7 @@ class _Traffic:
 
 
 def _serving_port(client) -> int:
-    for w in client.scheduler_info(n_workers=-1)["workers"].values():
+    for w in scheduler_workers(client).values():
         rose = (w.get("metrics") or {}).get(PLUGIN_NAME, {})
         if rose.get("role") == "serving" and rose.get("http_port"):
             return int(rose["http_port"])

@@ -201,7 +201,7 @@ class _Run:
         tag = uuid.uuid4().hex[:8]  # keys of an earlier preparation (a replaced trainer) are not reused
         futures = [self.client.submit(prepare_worker, spec, workers=[a], pure=False, key=f"rose-prepare-{a}-{tag}")
                    for a in [trainer] + rollout_workers]
-        await_futures(futures, self.fleet.check_trainer)
+        await_futures(self.client, futures, self.fleet.check_trainer)
         prepared = self.client.gather(futures)
         self.fleet.synced = {a: spec.version for a in rollout_workers}
         logger.info("workers prepared in %.1f s: %s", time.perf_counter() - t0, prepared)
@@ -245,7 +245,7 @@ class _Run:
         path = self.run_dir.new_path(st.step)
         fut = self.client.submit(save_checkpoint, path, version, workers=[self.fleet.trainer], pure=False,
                                  key=f"rose-checkpoint-{st.step}-{uuid.uuid4().hex[:8]}")
-        await_futures([fut], lambda: self.fleet.poll(self.version))
+        await_futures(self.client, [fut], lambda: self.fleet.poll(self.version))
         info = fut.result()
         logger.info("step %d: checkpoint of weight version %d written in %.1f s: %s", st.step, version,
                     info["seconds"], path)

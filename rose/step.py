@@ -27,14 +27,17 @@ logger = logging.getLogger("rose.run")
 PARTS = {"gen": ("rollout", "reward"), "train": ("train",), "sync": ("sync",)}
 
 
-def await_futures(futures: list, check, poll_s: float = 0.5) -> None:
-    """Wait for `futures`, calling `check()` (which may raise) between looks."""
-    while True:
-        try:
-            wait(futures, timeout=poll_s)
-            return
-        except TimeoutError:
-            check()
+def await_futures(client, futures: list, check, poll_s: float = 0.5) -> None:
+    """Wait for `futures` (of `client`), calling `check()` (which may raise) between looks."""
+    # distributed.wait uses the default client; with several clients in one process (a notebook's own,
+    # and the one rose.run made) that may be another client, on another event loop.
+    with client.as_current():
+        while True:
+            try:
+                wait(futures, timeout=poll_s)
+                return
+            except TimeoutError:
+                check()
 
 
 def _the(graph, phase: str):
@@ -97,7 +100,7 @@ class Step:
     def _await(self, futures: list) -> None:
         """Wait for `futures`, polling the fleet meanwhile: workers that connect join the run, and a
         trainer that left raises `TrainerLost` (tasks bound to it would otherwise wait forever)."""
-        await_futures(futures, lambda: self.fleet.poll(self.version))
+        await_futures(self.client, futures, lambda: self.fleet.poll(self.version))
 
     def wait(self) -> None:
         """Wait for the step's rollouts, then for the scored trajectories its train node takes."""

@@ -44,7 +44,8 @@ def stop(client, procs, logs) -> None:
         f.close()
 
 
-def wait_workers(client: Client, n: int, timeout: float = 120) -> None:
+def wait_workers(client: Client, n: int, timeout: float = 600) -> None:
+    # A worker process imports torch and vLLM before it connects: minutes on a busy 2-core host.
     t0 = time.monotonic()
     while len(client.scheduler_info(n_workers=-1)["workers"]) < n:
         assert time.monotonic() - t0 < timeout, "workers did not connect"

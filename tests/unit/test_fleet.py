@@ -25,7 +25,14 @@ class FakeClient:
     def __init__(self, workers: dict[str, str], failures: int = 0):
         self.workers, self.failures, self.submitted = workers, failures, []
 
-    def scheduler_info(self, n_workers=-1):
+    @property
+    def scheduler(self):
+        return self  # client.scheduler.identity(...)
+
+    def sync(self, fn, *args, **kwargs):
+        return fn(*args, **kwargs)
+
+    def identity(self, n_workers=-1):
         # role None: connected, but its last heartbeat carried no ROSE report
         return {"workers": {a: {"metrics": {"rose": {"worker": a, "role": r}} if r else {}}
                             for a, r in self.workers.items()}}
