@@ -156,7 +156,18 @@ def test_elastic_policy_adds_a_worker_that_joins_mid_run():
                                               idle_release_s=600.0))
     pipeline = small_pipeline(SLOW, model_env="guess", groups=8, group_size=4, steps=4)
     with LocalRoseCluster(cfg, EngineConfig()) as c, Client(c) as client:
-        report = rose.run(pipeline, cluster=client, steps=4, progress=False)
+        def joined_by_step_1(row):
+            # On a busy host the new worker's engine build can outlast the run: after step 1, a worker
+            # that is joining gets time to finish (a prepared engine, caught up), so steps 2 and 3 run
+            # with it.
+            deadline = time.monotonic() + 300
+            while row["step"] == 1 and time.monotonic() < deadline:
+                elastic = [w for w in plugin_state(client)["workers"].values() if w["elastic"]]
+                if not elastic or elastic[0]["weight_version"] >= 1:
+                    return
+                time.sleep(0.5)
+
+        report = rose.run(pipeline, cluster=client, steps=4, progress=False, on_step=joined_by_step_1)
         state = plugin_state(client)
     check_complete(report, 128)
     elastic = [a for a, w in state["workers"].items() if w["elastic"]]
