@@ -37,7 +37,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from benchmarks.chaos_faults import FaultInjector, hostile_http, serving_traffic  # noqa: E402
+from tests.helpers.chaos_faults import FaultInjector, hostile_http, serving_traffic  # noqa: E402
 
 # step -> faults armed when that step starts. Kills need a worker's engine rebuilt (~30 s here).
 # Checkpoints come every 2 steps (after odd steps): a trainer killed in step k (odd) redoes steps
@@ -112,7 +112,7 @@ def bad_inputs_phase(model_dir: str, args) -> dict:
     from distributed import Client
 
     import rose
-    from benchmarks.chaos_faults import fuzz_graphs
+    from tests.helpers.chaos_faults import fuzz_graphs
     from rose.graph import rl_step
     from rose.runtime.cluster import LocalRoseCluster
 
