@@ -212,14 +212,32 @@ class KvServing(FakeEngine):
         return KvState(free, 128 * over, 128 * self.capacity, min(1.0, len(self._reqs) / self.capacity))
 
 
+class GatedEngine(FakeEngine):
+    """A rollout engine whose requests make no progress while `go` is clear: on a busy host the
+    rollouts cannot all finish before the test's serving burst arrives. Open for the warm-up."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.go = threading.Event()
+        self.go.set()
+
+    def step(self):
+        return super().step() if self.go.is_set() else []
+
+
 def test_serving_short_of_kv_preempts_rollouts_newest_first_and_they_resume():
-    ex = CoServingExecutor(KvServing(capacity=2), FakeEngine(max_model_len=512),
-                           SloController(SloConfig(ttft_ms=60_000, tpot_ms=60_000)))
+    rollout = GatedEngine(max_model_len=512)
+    ex = CoServingExecutor(KvServing(capacity=2), rollout, SloController(SloConfig(ttft_ms=60_000, tpot_ms=60_000)))
+    rollout.go.clear()  # built and warmed up: from here the rollouts wait for the burst
     try:
         futs = [ex.generate([1, 2, 3], SamplingSpec(max_tokens=200), request_id=f"r{i}") for i in range(4)]
         while sum(e[1] == "admit" for e in ex.events) < 4:
             time.sleep(0.001)
         burst = [ex.serve([4, 5], SamplingSpec(max_tokens=30)) for _ in range(3)]  # one more than fits
+        deadline = time.monotonic() + 10
+        while not any(e[1] == "preempt" for e in ex.events) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        rollout.go.set()  # preempted or not (the asserts below tell), the rollouts may now run
         gens = [f.result(timeout=10) for f in futs]
         for s in burst:
             s.collect(timeout=10)
