@@ -41,18 +41,20 @@ from tests.helpers.chaos_faults import FaultInjector, hostile_http, serving_traf
 
 # step -> faults armed when that step starts. Kills need a worker's engine rebuilt (~30 s here).
 # Checkpoints come every 2 steps (after odd steps): a trainer killed in step k (odd) redoes steps
-# k-1 and k, and their first rows are replaced, so shard faults sit in steps no kill redoes (their
-# detection is counted from the rows).
+# k-1 and k, and their first rows are replaced. A shard fault is consumed by the next sync (or
+# catch-up) the trainer serves, and counted by the receiver that catches it; so shard faults sit in
+# steps no kill redoes, and not where a receiver is killed in that step's sync (or, asynchronous,
+# in the next step, while that sync runs): a receiver that dies takes its count with it.
 SYNC_FAULTS_QUICK = {1: ["flip_shard"], 2: ["kill_dedicated@rollout"], 3: ["truncate_shard"],
                      5: ["kill_trainer@train"], 7: ["kill_receiver@sync"]}
 ASYNC_FAULTS_QUICK: dict[int, list[str]] = {}
 SYNC_FAULTS_FULL = {1: ["flip_shard"], 2: ["kill_dedicated@rollout"], 3: ["truncate_shard"],
-                    5: ["kill_trainer@train"], 7: ["kill_receiver@sync", "flip_shard"],
+                    5: ["kill_trainer@train"], 6: ["flip_shard"], 7: ["kill_receiver@sync"],
                     8: ["kill_dedicated@rollout"], 9: ["truncate_shard"], 11: ["kill_trainer@train"],
-                    13: ["kill_receiver@sync", "flip_shard"], 15: ["truncate_shard"], 17: ["flip_shard"]}
-ASYNC_FAULTS_FULL = {1: ["kill_serving@rollout"], 3: ["flip_shard"], 4: ["kill_dedicated@rollout"],
-                     5: ["truncate_shard"], 7: ["kill_trainer@train"], 9: ["flip_shard"],
-                     10: ["kill_serving@rollout"]}
+                    12: ["flip_shard"], 13: ["kill_receiver@sync"], 15: ["truncate_shard"], 17: ["flip_shard"]}
+ASYNC_FAULTS_FULL = {1: ["kill_serving@rollout"], 2: ["flip_shard"], 4: ["kill_dedicated@rollout"],
+                     5: ["truncate_shard"], 7: ["kill_trainer@train"], 8: ["flip_shard"],
+                     10: ["kill_serving@rollout"], 11: ["truncate_shard"]}
 
 
 def pipeline_for(steps: int, staleness: int, model_dir: str):

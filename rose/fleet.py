@@ -91,6 +91,7 @@ class Fleet:
         self._retry_at: dict[str, float] = {}  # address -> monotonic time its next join may start
         self.roles: dict[str, list[str]] = {}  # worker addresses by role, as of the last poll
         self.lost: dict[str, str] = {}  # address -> why it left the run (the scheduler's cause)
+        self.refetches = 0  # shards that arrived bad in catch-up syncs and were fetched again
         self._n = 0
 
     @property
@@ -125,6 +126,7 @@ class Fleet:
                                  JOIN_ATTEMPTS, "; giving up on it" if last else "", self.failed[a])
                     continue
                 self.synced[a] = status["version"]
+                self.refetches += status.get("refetches", 0)
                 self.failed.pop(a, None)
                 logger.info("worker %s joined the run at weight version %d", a, status["version"])
         now = time.monotonic()

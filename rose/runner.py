@@ -187,6 +187,7 @@ class _Run:
         self.trainer_restarts = trainer_restarts
         self.saved: dict[int, Checkpoint] = {}  # step -> its checkpoint, written, not yet committed
         self._lost_counted = 0  # of fleet.lost, departures already in a row
+        self._refetches_counted = 0  # of fleet.refetches, already in a row
         self.t_last = time.perf_counter()
 
     def prepare(self, spec: ModelSpec, ckpt: Checkpoint | None, gone: str | None) -> None:
@@ -196,6 +197,7 @@ class _Run:
             spec = replace(spec, weights_dir=ckpt.path, version=ckpt.weight_version)
         rollout_workers = rollout_addresses(roles_of(self.client))
         self.fleet = Fleet(self.client, spec, trainer, [])
+        self._lost_counted = self._refetches_counted = 0  # a new fleet counts from zero
         self.version = spec.version
         t0 = time.perf_counter()
         tag = uuid.uuid4().hex[:8]  # keys of an earlier preparation (a replaced trainer) are not reused
@@ -263,6 +265,9 @@ class _Run:
         self.version = row["weight_version"]
         self.tables.append(table)
         row["workers_lost"], self._lost_counted = len(self.fleet.lost) - self._lost_counted, len(self.fleet.lost)
+        # Catch-up syncs (workers that joined) run beside the steps: their refetches land in this row.
+        row["sync_refetches"] += self.fleet.refetches - self._refetches_counted
+        self._refetches_counted = self.fleet.refetches
         self.rows.append(row)
         ckpt = self.saved.pop(st.step, None)
         if ckpt is not None:  # the report first, then the pointer: a resume finds both at this step

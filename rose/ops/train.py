@@ -98,12 +98,17 @@ async def _sync_alive(w, receivers: tuple[str, ...]) -> dict:
 
     from rose.runtime.weights.sync import sync_to
 
+    refetched = 0  # bad shards caught in attempts that then failed: still caught, still counted
     for attempt in range(1, SYNC_ATTEMPTS + 1):
         info = await w.worker.scheduler.identity(n_workers=-1)
         alive = [r for r in receivers if r in info["workers"]]
+        counts = await _refetch_counts(w.worker, alive)
         try:
-            return await sync_to(w.worker, w.weights, alive)
+            status = await sync_to(w.worker, w.weights, alive)
+            return status | {"refetches": status.get("refetches", 0) + refetched}
         except Exception as e:
+            after = await _refetch_counts(w.worker, alive)
+            refetched += sum(after[a] - counts[a] for a in after if a in counts)
             left = []
             for _ in range(10):  # the scheduler drops a dead worker when it sees its connection close
                 info = await w.worker.scheduler.identity(n_workers=-1)
@@ -116,6 +121,15 @@ async def _sync_alive(w, receivers: tuple[str, ...]) -> dict:
             logging.getLogger("rose.weights").warning(
                 "sync attempt %d: %d receivers left the cluster during it (%s; %s: %s); syncing again to the %d "
                 "left", attempt, len(left), ", ".join(left), type(e).__name__, e, len(alive) - len(left))
+
+
+async def _refetch_counts(worker, addresses) -> dict[str, int]:
+    """Each reachable receiver's count of shards that arrived bad; one that cannot answer is left out."""
+    import asyncio
+
+    states = await asyncio.gather(*(asyncio.wait_for(worker.rpc(a).rose_weights_state(), 5.0) for a in addresses),
+                                  return_exceptions=True)
+    return {a: s["refetches"] for a, s in zip(addresses, states) if isinstance(s, dict)}
 
 
 async def catch_up(_prepared, receivers: tuple[str, ...]) -> dict:

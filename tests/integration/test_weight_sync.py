@@ -225,6 +225,9 @@ def test_a_receiver_killed_during_a_sync_is_dropped_and_the_others_get_the_versi
     trainer, (victim, survivor) = _roles(client)
     v = client.run(_publish_next, workers=[trainer])[trainer]
     client.run(stall_pulls, workers=[victim])
+    # The one shard reply the trainer corrupts goes to the survivor (the victim pulls nothing): it is
+    # caught in whichever attempt gets it, and counted even when that attempt is the one the kill aborts.
+    client.run(corrupt_next_replies, workers=[trainer])
     pid = client.run(os.getpid, workers=[victim])[victim]
     fut = client.submit(sync_weights, {"version": v}, (victim, survivor), workers=[trainer], pure=False)
     time.sleep(2.0)  # the sync is waiting on the stalled pull
@@ -233,3 +236,4 @@ def test_a_receiver_killed_during_a_sync_is_dropped_and_the_others_get_the_versi
     res = fut.result(timeout=120)
     assert [(s["worker"], s["weight_version"]) for s in res["statuses"]] == [(survivor, v)]
     assert client.run(_version, workers=[survivor]) == {survivor: v}
+    assert res["refetches"] == 1
