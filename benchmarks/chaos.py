@@ -93,6 +93,7 @@ def chaos_phase(name: str, steps: int, staleness: int, faults: dict, model_dir: 
             report, out["error"] = e.report, str(e)
         out["seconds"] = round(time.perf_counter() - t0, 1)
         injector.stop()
+        unsent = injector.corrupt_unsent()
         burst = traffic.finish() if traffic else None
     m = report.metrics
     out.update(steps_completed=len(m), trajectories_expected=steps * p.build(0).nodes["prompts"].params["num_groups"]
@@ -100,8 +101,9 @@ def chaos_phase(name: str, steps: int, staleness: int, faults: dict, model_dir: 
                trajectories=report.trajectories.num_rows, lost=report.lost, duplicated=report.duplicated,
                failed=report.summary["failed"], workers_lost=report.workers_lost,
                trainer_restarts=report.trainer_restarts, faults_injected=len(injector.done),
-               faults_missed=injector.missed, corrupt_injected=injector.corrupt_injected,
+               faults_missed=injector.missed, corrupt_injected=injector.corrupt_injected - unsent, corrupt_unsent=unsent,
                corrupt_detected=int(m["sync_refetches"].sum()) if len(m) else 0,
+               refetches_by_step=[int(x) for x in m["sync_refetches"]] if len(m) else [],
                faults=injector.done, burst=burst)
     print(f"[{name}] {json.dumps({k: v for k, v in out.items() if k != 'faults'})}", file=sys.stderr, flush=True)
     return out

@@ -23,6 +23,10 @@ from rose.runtime.protocol import PLUGIN_NAME, ROLLOUT_KEY_PREFIX
 from tests.helpers.faults import corrupt_next_replies, stall_pulls
 
 
+def _armed_corruption(dask_worker) -> bool:
+    return "_serve" in dask_worker.plugins[PLUGIN_NAME].weights.__dict__
+
+
 class FaultInjector:
     def __init__(self, client, schedule: dict[int, list[str]], timeout_s: float = 240.0):
         self.client, self.schedule, self.timeout_s = client, schedule, timeout_s
@@ -50,6 +54,13 @@ class FaultInjector:
             t = threading.Thread(target=self._do, args=(step, kind), daemon=True, name=f"fault-{kind}")
             t.start()
             self._threads.append(t)
+
+    def corrupt_unsent(self) -> int:
+        """Corruptions still armed on the trainer (no shard reply has gone out since): not injected."""
+        trainer = self._by_role("trainer")
+        if trainer is None:
+            return 0
+        return int(self.client.run(_armed_corruption, workers=[trainer])[trainer])
 
     def _workers(self) -> dict[str, dict]:
         return scheduler_workers(self.client)

