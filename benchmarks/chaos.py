@@ -102,7 +102,7 @@ def chaos_phase(name: str, steps: int, staleness: int, faults: dict, model_dir: 
                failed=report.summary["failed"], workers_lost=report.workers_lost,
                trainer_restarts=report.trainer_restarts, faults_injected=len(injector.done),
                faults_missed=injector.missed, corrupt_injected=injector.corrupt_injected - unsent, corrupt_unsent=unsent,
-               corrupt_detected=int(m["sync_refetches"].sum()) if len(m) else 0,
+               corrupt_detected=report.shards_refetched,
                refetches_by_step=[int(x) for x in m["sync_refetches"]] if len(m) else [],
                faults=injector.done, burst=burst)
     print(f"[{name}] {json.dumps({k: v for k, v in out.items() if k != 'faults'})}", file=sys.stderr, flush=True)

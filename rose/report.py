@@ -55,6 +55,9 @@ class Report:
     duplicated: int  # extra rows a train op received: an id again, or one never planned
     workers_lost: int = 0  # rollout workers that left during the run (each replaced or waited out)
     trainer_restarts: int = 0  # trainer workers lost and replaced from a checkpoint during the run
+    # Shard replies that failed their hash check and were fetched again, over every sync of the run,
+    # with those of steps a trainer loss made the run redo (their rows are replaced in `metrics`).
+    shards_refetched: int = 0
 
     @property
     def summary(self) -> dict:
@@ -67,7 +70,7 @@ class Report:
         return {"pipeline": self.pipeline, "steps": n, "reward_first5": round(first, 4),
                 "reward_last5": round(last, 4), "trajectories": self.trajectories.num_rows, "failed": failed,
                 "lost": self.lost, "duplicated": self.duplicated, "workers_lost": self.workers_lost,
-                "trainer_restarts": self.trainer_restarts,
+                "trainer_restarts": self.trainer_restarts, "shards_refetched": self.shards_refetched,
                 "logprob_mismatch": round(float(m["logprob_mismatch"].mean()), 6) if n else float("nan")}
 
     def plot(self, path: str) -> str:

@@ -139,9 +139,10 @@ def _run(pipeline, client, spec, steps, progress, on_step, run_dir, persist, ckp
     _check_placement(client)
     rows, tables = history
     restarts, gone = 0, None
+    redone: list[dict] = []  # rows of steps a trainer loss made the run do again
     with tqdm(total=steps, initial=len(rows), desc=pipeline.name, disable=not progress, unit="step") as bar:
         while True:
-            run = _Run(pipeline, client, steps, run_dir, persist, rows, tables, restarts)
+            run = _Run(pipeline, client, steps, run_dir, persist, rows, tables, restarts, redone)
             try:
                 run.prepare(spec, ckpt, gone)
                 for action in plan_run(steps, pipeline.staleness, first=len(rows)):
@@ -163,6 +164,7 @@ def _run(pipeline, client, spec, steps, progress, on_step, run_dir, persist, ckp
                 logger.warning("%s; restoring a new trainer from %s and redoing steps %d.. (restart %d of %d)", e,
                                f"the checkpoint of step {done}" if ckpt else "the model (no checkpoint yet)",
                                done + 1, restarts, TRAINER_RESTARTS)
+                redone = redone + [r for r in run.rows if r["step"] > done]
                 rows, tables = run.upto(done)
                 bar.n = len(rows)
                 bar.refresh()
@@ -176,7 +178,7 @@ class _Run:
     """The run's state between actions: the steps in flight, the rows and trajectories of finished ones."""
 
     def __init__(self, pipeline, client, steps: int, run_dir: RunDir, persist: bool, rows: list[dict],
-                 tables: list[pa.Table], trainer_restarts: int):
+                 tables: list[pa.Table], trainer_restarts: int, redone: list[dict]):
         self.pipeline, self.client, self.steps = pipeline, client, steps
         self.run_dir, self.persist = run_dir, persist  # persist: also write the report at each checkpoint
         self.fleet: Fleet | None = None
@@ -185,6 +187,7 @@ class _Run:
         self.rows: list[dict] = list(rows)
         self.tables: list[pa.Table] = list(tables)
         self.trainer_restarts = trainer_restarts
+        self.redone = redone  # rows replaced by a redo: their departures and refetches still happened
         self.saved: dict[int, Checkpoint] = {}  # step -> its checkpoint, written, not yet committed
         self._lost_counted = 0  # of fleet.lost, departures already in a row
         self._refetches_counted = 0  # of fleet.refetches, already in a row
@@ -290,7 +293,9 @@ class _Run:
 
     def report(self) -> Report:
         trajectories = pa.concat_tables(self.tables) if self.tables else TRAJECTORY_SCHEMA.empty_table()
+        every = self.rows + self.redone
         return Report(self.pipeline.name, pd.DataFrame(self.rows, columns=STEP_COLUMNS), trajectories,
                       sum(r["lost"] for r in self.rows), sum(r["duplicated"] for r in self.rows),
-                      sum(r["workers_lost"] for r in self.rows), self.trainer_restarts)
+                      sum(r["workers_lost"] for r in every), self.trainer_restarts,
+                      sum(r["sync_refetches"] for r in every))
 

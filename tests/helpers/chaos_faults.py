@@ -71,6 +71,15 @@ class FaultInjector:
                 return addr
         return None
 
+    def _wait_for_role(self, role: str) -> str | None:
+        deadline = time.monotonic() + self.timeout_s
+        while time.monotonic() < deadline and not self._stop.is_set():
+            addr = self._by_role(role)
+            if addr is not None:
+                return addr
+            time.sleep(0.05)
+        return None
+
     def _processing(self, addr: str) -> list[str]:
         def keys(dask_scheduler, addr=addr):
             ws = dask_scheduler.workers.get(addr)
@@ -115,7 +124,9 @@ class FaultInjector:
         role = {"kill_dedicated": "dedicated", "kill_serving": "serving", "kill_trainer": "trainer",
                 "kill_receiver": "dedicated"}[what]
         if when == "sync":
-            victim = self._by_role(role)
+            victim = self._wait_for_role(role)  # one restarted after an earlier kill reports its role once prepared
+            if victim is None:
+                return None
             self.client.run(stall_pulls, workers=[victim])
             if self._wait_for("trainer", lambda k: f"-sync-s{step}" in k) is None:
                 return None

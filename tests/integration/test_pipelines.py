@@ -153,7 +153,7 @@ def test_cli_run_prints_the_json_summary_last(cluster, tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     assert set(summary) == {"pipeline", "steps", "reward_first5", "reward_last5", "trajectories", "failed", "lost",
-                            "duplicated", "workers_lost", "trainer_restarts", "logprob_mismatch"}
+                            "duplicated", "workers_lost", "trainer_restarts", "shards_refetched", "logprob_mismatch"}
     assert summary["steps"] == 1 and summary["trajectories"] == 128 and summary["lost"] == 0
     for f in ("metrics.csv", "trajectories.parquet", "summary.json", "reward.png"):
         assert (tmp_path / "run" / f).stat().st_size > 0

@@ -10,6 +10,7 @@ import rose
 from rose.checkpoint import RunDir
 from rose.config import ClusterConfig
 from rose.errors import ConfigError
+from tests.helpers.faults import corrupt_next_replies
 from tests.integration.helpers import FP32, small_pipeline
 
 pytestmark = pytest.mark.integration
@@ -67,6 +68,8 @@ def test_a_run_survives_its_trainer_killed_mid_run(tmp_path):
 
         def on_step(row):
             seen.append(row["step"])
+            if row["step"] == 1 and len(seen) == 2:  # step 2's sync gets a bad shard, and its row is redone
+                client.run(corrupt_next_replies, workers=[victim])
             if row["step"] == 2 and len(seen) == 3:  # after step 2; the last checkpoint is step 1's
                 os.kill(pid, signal.SIGKILL)
 
@@ -75,6 +78,8 @@ def test_a_run_survives_its_trainer_killed_mid_run(tmp_path):
     assert replacement != victim
     assert seen[:3] == [0, 1, 2] and seen[3:] == [2, 3]  # step 2 done again by the restored trainer
     assert report.trainer_restarts == 1 and report.summary["trainer_restarts"] == 1
+    # the bad shard was caught in step 2's first sync; the row that counted it was replaced, the count stays
+    assert report.shards_refetched == 1 and report.metrics["sync_refetches"].sum() == 0
     assert report.metrics["step"].tolist() == [0, 1, 2, 3]
     assert report.lost == 0 and report.duplicated == 0 and report.summary["failed"] == 0
     # the restored trainer went on from the checkpoint's version, and every version reached the engines
