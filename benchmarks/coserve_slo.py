@@ -93,7 +93,7 @@ def _tokens_now(client, worker) -> int:
     return client.run(count, workers=[worker])[worker]
 
 
-def _window(client, worker, url, arrivals, args, demand_on: str | None):
+def _window(client, url, arrivals, args, demand_on: str | None):
     """One window: the arrivals (None: no serving traffic) while `demand_on` (None: no worker) runs
     rollout demand. Returns (traffic report or None, rollout tokens per second on `demand_on`)."""
     from rose.runtime.coserve import traffic
@@ -180,7 +180,7 @@ def main():
         order = ["alone", "coserved", "dedicated"]
         for r in range(rounds):
             for phase in (order if r % 2 == 0 else order[::-1]):
-                report, tok_s = _window(client, serving, url, None if phase == "dedicated" else arrivals, args,
+                report, tok_s = _window(client, url, None if phase == "dedicated" else arrivals, args,
                                         {"alone": None, "coserved": serving, "dedicated": dedicated}[phase])
                 if report is not None:
                     phases[phase].append(report)

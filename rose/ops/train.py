@@ -96,18 +96,20 @@ async def _sync_alive(w, receivers: tuple[str, ...]) -> dict:
     import asyncio
     import logging
 
-    from rose.runtime.weights.sync import sync_to
+    from rose.runtime.weights.sync import receiver_states, sync_to
 
     refetched = 0  # bad shards caught in attempts that then failed: still caught, still counted
     for attempt in range(1, SYNC_ATTEMPTS + 1):
         info = await w.worker.scheduler.identity(n_workers=-1)
         alive = [r for r in receivers if r in info["workers"]]
-        counts = await _refetch_counts(w.worker, alive)
+        counts: dict[str, int] = {}
         try:
-            status = await sync_to(w.worker, w.weights, alive)
+            before = await receiver_states(w.worker, alive)  # read once: the sync starts from it
+            counts = {a: s["refetches"] for a, s in zip(alive, before)}
+            status = await sync_to(w.worker, w.weights, alive, before=before)
             return status | {"refetches": status.get("refetches", 0) + refetched}
         except Exception as e:
-            after = await _refetch_counts(w.worker, alive)
+            after = await _refetch_counts(w.worker, alive) if counts else {}
             refetched += sum(after[a] - counts[a] for a in after if a in counts)
             left = []
             for _ in range(10):  # the scheduler drops a dead worker when it sees its connection close

@@ -71,15 +71,6 @@ class FaultInjector:
                 return addr
         return None
 
-    def _wait_for_role(self, role: str) -> str | None:
-        deadline = time.monotonic() + self.timeout_s
-        while time.monotonic() < deadline and not self._stop.is_set():
-            addr = self._by_role(role)
-            if addr is not None:
-                return addr
-            time.sleep(0.05)
-        return None
-
     def _processing(self, addr: str) -> list[str]:
         def keys(dask_scheduler, addr=addr):
             ws = dask_scheduler.workers.get(addr)
@@ -87,12 +78,13 @@ class FaultInjector:
 
         return [str(k) for k in self.client.run_on_scheduler(keys)]
 
-    def _wait_for(self, role: str, pred) -> str | None:
-        """The `role` worker's address once it processes a task whose key satisfies `pred`."""
+    def _wait_for(self, role: str, pred=None) -> str | None:
+        """The `role` worker's address once it is connected with its role and (with `pred`) processes a
+        task whose key satisfies `pred`."""
         deadline = time.monotonic() + self.timeout_s
         while time.monotonic() < deadline and not self._stop.is_set():
             addr = self._by_role(role)
-            if addr is not None and any(pred(k) for k in self._processing(addr)):
+            if addr is not None and (pred is None or any(pred(k) for k in self._processing(addr))):
                 return addr
             time.sleep(0.02)
         return None
@@ -124,7 +116,7 @@ class FaultInjector:
         role = {"kill_dedicated": "dedicated", "kill_serving": "serving", "kill_trainer": "trainer",
                 "kill_receiver": "dedicated"}[what]
         if when == "sync":
-            victim = self._wait_for_role(role)  # one restarted after an earlier kill reports its role once prepared
+            victim = self._wait_for(role)  # one restarted after an earlier kill reports its role once prepared
             if victim is None:
                 return None
             self.client.run(stall_pulls, workers=[victim])

@@ -22,20 +22,22 @@ from rose.runtime.weights.endpoint import WeightEndpoint
 from rose.runtime.weights.plan import plan_full, plan_sync
 
 
-async def _states(worker, addresses) -> list[dict]:
+async def receiver_states(worker, addresses) -> list[dict]:
+    """Each receiver's endpoint state (what it holds, its byte and refetch counters), in order."""
     return list(await asyncio.gather(*(worker.rpc(a).rose_weights_state() for a in addresses)))
 
 
 async def sync_to(worker, source: WeightEndpoint, receivers: list[str], mode: str = "rose",
-                  commit: bool = True) -> dict:
+                  commit: bool = True, before: list[dict] | None = None) -> dict:
     """Bring `receivers` to the source's current version. `mode="full"` sends every shard dense from
     the source to every receiver (the broadcast baseline, for benchmarks); `commit=False` stages
-    and then drops the version (to measure a transfer without applying it)."""
+    and then drops the version (to measure a transfer without applying it). `before`: the receivers'
+    `receiver_states`, if the caller has just read them (the counters returned are from there)."""
     manifest = source.manifest
     if manifest is None:
         raise EngineError("nothing to sync: the source has published no version", worker=worker.address)
     t0 = time.perf_counter()
-    before = await _states(worker, receivers)
+    before = before if before is not None else await receiver_states(worker, receivers)
     # Receivers already at the version (an earlier attempt committed there) take no part.
     everyone = [s["receiver"] for s in before]
     done = [r for r in everyone if r.version == manifest.version and mode == "rose"]
@@ -75,7 +77,7 @@ async def sync_to(worker, source: WeightEndpoint, receivers: list[str], mode: st
     else:
         await asyncio.gather(*(worker.rpc(r.address).rose_weights_abort() for r in rs))
         statuses = [{"worker": r.address, "weight_version": r.version} for r in rs]
-    after = await _states(worker, receivers)
+    after = await receiver_states(worker, receivers)
     received = sum(a["received_bytes"] - b["received_bytes"] for a, b in zip(after, before))
     dense = sum(a["received_dense_bytes"] - b["received_dense_bytes"] for a, b in zip(after, before))
     sites = {r.address: r.site for r in everyone} | {worker.address: source.site}
