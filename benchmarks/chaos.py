@@ -40,11 +40,12 @@ sys.path.insert(0, ROOT)
 from tests.helpers.chaos_faults import FaultInjector, hostile_http, serving_traffic  # noqa: E402
 
 # step -> faults armed when that step starts. Kills need a worker's engine rebuilt (~30 s here).
-# Checkpoints come every 2 steps (after odd steps): a trainer killed in step k (odd) redoes steps
-# k-1 and k, and their first rows are replaced. A shard fault is consumed by the next sync (or
-# catch-up) the trainer serves, and counted by the receiver that catches it; so shard faults sit in
-# steps no kill redoes, and not where a receiver is killed in that step's sync (or, asynchronous,
-# in the next step, while that sync runs): a receiver that dies takes its count with it.
+# Checkpoints come every 2 steps (after odd steps): a trainer killed in step k redoes the steps after
+# the last committed checkpoint (k-1 and k synchronous; further back asynchronous). A shard fault is
+# consumed by the next sync (or catch-up) the trainer serves and counted by the receiver that catches
+# it (`Report.shards_refetched`, redone steps included). So shard faults sit where no trainer kill
+# can take an armed fault along, and not where a receiver is killed in that step's sync (or,
+# asynchronous, in the next step, while that sync runs): a receiver that dies takes its count with it.
 SYNC_FAULTS_QUICK = {1: ["flip_shard"], 2: ["kill_dedicated@rollout"], 3: ["truncate_shard"],
                      5: ["kill_trainer@train"], 7: ["kill_receiver@sync"]}
 ASYNC_FAULTS_QUICK: dict[int, list[str]] = {}
@@ -101,7 +102,8 @@ def chaos_phase(name: str, steps: int, staleness: int, faults: dict, model_dir: 
                trajectories=report.trajectories.num_rows, lost=report.lost, duplicated=report.duplicated,
                failed=report.summary["failed"], workers_lost=report.workers_lost,
                trainer_restarts=report.trainer_restarts, faults_injected=len(injector.done),
-               faults_missed=injector.missed, corrupt_injected=injector.corrupt_injected - unsent, corrupt_unsent=unsent,
+               faults_missed=injector.missed, corrupt_injected=injector.corrupt_injected - unsent,
+               corrupt_unsent=unsent,
                corrupt_detected=report.shards_refetched,
                refetches_by_step=[int(x) for x in m["sync_refetches"]] if len(m) else [],
                faults=injector.done, burst=burst)
