@@ -1,30 +1,51 @@
 """Claim: borrowing a serving worker's spare capacity speeds RL training up end to end, against the same
 pipeline on fixed resources and on elastically added resources, while the serving worker keeps its
-SLOs (target: speedup_vs_fixed >= 1.5 with slo_attainment >= 0.99).
+SLOs (targets: speedup_vs_fixed >= 1.5, fraction_of_ideal >= 0.75, slo_attainment >= 0.99).
 
 The default pipeline (pipelines/guess.py: 16 groups of 8 trajectories a step, GRPO, weight sync) runs
-for the same number of steps, same seed, under three placement policies, one after the other in this
-run, each on a fresh LocalRoseCluster (real scheduler with rose.plugin, real worker processes, vLLM).
-This host has two cores. The RL job owns core 0: its trainer and one dedicated rollout worker share
-it, as a colocated trainer and rollout engine share a device. Core 1 stands for capacity outside the
-job:
+for the same number of steps, same seed, under four setups, each run on a fresh LocalRoseCluster (real
+scheduler with rose.plugin, real worker processes, vLLM). This host has two cores. The RL job owns
+core 0: its trainer and one dedicated rollout worker share it, as a colocated trainer and rollout
+engine share a device. Core 1 stands for capacity outside the job:
 - fixed: nothing more; core 0 only. The dedicated worker runs all of a step's rollouts at once.
 - elastic: the dedicated worker takes --dedicated-slots sequences at once; what waits makes the
-  scaler ask for an on-demand dedicated worker (core 1, up to 1), which starts after
-  --allocation-delay seconds and then builds its engine and catches up on the weights, all inside
-  the timed run.
-- rose: core 1 is a serving worker serving the Azure conversation trace at --load of its measured
-  capacity through its HTTP endpoint, the whole time; the dedicated worker takes --dedicated-slots
-  sequences and rollouts overflow to the serving worker as its spare capacity allows.
-Each policy runs synchronously (step k's rollouts, then its training) and/or asynchronously
+  scaler ask for an on-demand dedicated worker (core 1, up to 1, --serving-seqs slots: the serving
+  worker's), which starts after --allocation-delay seconds and then builds its engine and catches up
+  on the weights, all inside the run. Elastic runs --elastic-steps steps, long enough that this wait
+  is a stated fraction of its timed window: `allocation_overhead`, the fraction of the timed window
+  from the scaler's request (or the window's start, if later) to the on-demand worker's first rollout
+  (allocation delay + engine build + weight catch-up), read from the placement plugin's samples.
+- rose: core 1 is a serving worker serving the Azure conversation trace through its HTTP endpoint at
+  a fixed --rate the whole time; the dedicated worker takes --dedicated-slots sequences and rollouts
+  overflow to the serving worker (at most --serving-seqs sequences) as its spare capacity allows.
+- ideal: the bound rose reaches for: core 1 given to a second dedicated rollout worker from the
+  start, with the serving worker's --serving-seqs slots, and no serving traffic.
+The serving rate is fixed (not a fraction of a per-run measurement) so runs compare: the default is
+15 % of the serving worker's capacity measured once on this host (--capacity: closed-loop clients,
+`traffic.capacity`, against an idle serving worker: 205-249 req/s in four 8 s windows, 2026-12-01).
+`serving_load` = rate / capacity, and
+
+    fraction_of_ideal = (rose - fixed) / ((ideal - fixed) * (1 - serving_load))
+
+(rose's gain over fixed against the gain of the spare core, net of the share serving keeps). The SLO
+is tight by default, coserve_slo's: TTFT 300 ms / TPOT 30 ms (there 18x / 5x the p99s of serving
+alone, 16 / 6 ms; the old 1000 / 100 ms left serving's TPOT p99 at 50-57 ms here and bound nothing).
+The co-serving controller keeps each rollout step inside the TPOT budget, so the SLO sets how much
+of core 1 rose's rollouts get: the table shows the slots core 1's worker offered and the sequences
+placed on it (means over the timed window while it was connected; building its engine, it offers none).
+
+Each setup runs synchronously (step k's rollouts, then its training) and/or asynchronously
 (`staleness=1`: step k+1's rollouts during step k's training). Asynchronously, the dedicated worker
-yields core 0 to the trainer while it trains (`--rose-colocated`) under elastic and rose; fixed has
-no other rollout capacity, so its asynchronous run lets the OS share core 0 instead. This host's
-speed drifts over minutes, so fixed sync and rose async run twice, in mirrored order; speed-ups are
-against the mean of the best fixed mode, and each policy's figure is its best mode's mean. Throughput is trajectories per second over steps 1..N-1 (step 0 warms
-up), timed from the end of step 0 to the end of the last step; rollout time is the mean rollout
-phase of those steps (asynchronously it overlaps the previous step's training). The serving SLO
-attainment is measured by the load generator (client side) during the rose runs.
+yields core 0 to the trainer while it trains (`--rose-colocated`) under elastic, rose and ideal; fixed
+has no other rollout capacity, so its asynchronous run lets the OS share core 0 instead. This host's
+speed drifts over minutes, so every run is made twice, in mirrored order (A B C ... C B A): a steady
+drift cancels in each mode's mean. Each policy's figure is its best mode's mean; speed-ups are against
+the best fixed mode's. `--quick` runs 12 steps and only the modes the headline is made of (fixed sync,
+rose async, ideal async), still mirrored; it leaves out fixed async, rose sync, ideal sync and elastic
+(whose run must be long). Throughput is trajectories per second over steps 1..N-1 (step 0 warms up),
+timed from the end of step 0 to the end of the last step; rollout time is the mean rollout phase of
+those steps (asynchronously it overlaps the previous step's training). The serving SLO attainment is
+measured by the load generator (client side) during the rose runs.
 
     python benchmarks/elastic_e2e.py [--quick]
 """
@@ -42,18 +63,34 @@ from dataclasses import replace
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from rose.runtime.cluster import LocalRoseCluster  # noqa: E402
+
+CAPACITY = 220.0  # req/s: the serving worker's closed-loop capacity, measured once here (see the docstring)
+
+
+class BenchCluster(LocalRoseCluster):
+    """LocalRoseCluster plus `spare_slots`: rollout sequences of a dedicated worker off the trainer's
+    cores (core 1: ideal's second dedicated worker), where ClusterConfig.dedicated_slots holds every
+    dedicated worker to one count. The extra `--rose-slots` comes last on the worker's command line,
+    so it wins. (On-demand workers take ElasticConfig.worker_slots.)"""
+
+    def __init__(self, config, engine, spare_slots: int | None = None):
+        self.spare_slots = spare_slots
+        super().__init__(config, engine)
+
+    def _colocated(self, cores):
+        own = super()._colocated(cores)
+        if self.spare_slots and not self._trainer_cores & set(cores):
+            return (*own, "--rose-slots", str(self.spare_slots))
+        return own
+
 
 def serving_load(url: str, args, stop: threading.Event, box: dict) -> threading.Thread:
     from rose.runtime.coserve import traffic
 
     def go():
-        cap = asyncio.run(traffic.capacity(url, 8.0))
-        rate = args.load * cap
-        arrivals, scale = traffic.azure_trace_at_rate(args.trace, rate, 3600.0)
-        box.update(capacity=cap, rate=rate, scale=scale)
-        print(f"  serving capacity {cap:.1f} req/s; replaying {len(arrivals)} requests at {rate:.1f} req/s",
-              file=sys.stderr, flush=True)
-        box["ready"] = True
+        arrivals, scale = traffic.azure_trace_at_rate(args.trace, args.rate, 3600.0)
+        box.update(rate=args.rate, scale=scale, ready=True)
         box["report"] = asyncio.run(traffic.play(url, arrivals, args.ttft_ms, args.tpot_ms, seed=args.seed,
                                                  stop=stop))
 
@@ -62,15 +99,43 @@ def serving_load(url: str, args, stop: threading.Event, box: dict) -> threading.
     return t
 
 
-def run_policy(name: str, pipeline, cluster_cfg, steps: int, args, staleness: int) -> dict:
+def waited_for_capacity(asked_at: list[float], first_used: list[float], start: float, end: float) -> float:
+    """Seconds of [start, end] during which an on-demand worker was asked for and ran no rollout yet.
+
+    `asked_at[i]` pairs with the i-th on-demand worker's first rollout, `first_used[i]` (missing: it never
+    ran one). Overlapping waits count once."""
+    spans = sorted((a, first_used[i] if i < len(first_used) else end) for i, a in enumerate(asked_at))
+    total, reach = 0.0, start
+    for a, b in spans:
+        a, b = max(a, reach), min(b, end)
+        if b > a:
+            total += b - a
+            reach = b
+    return total
+
+
+def _samples(dask_scheduler) -> list[tuple]:
+    """The placement plugin's samples of every rollout worker, 4 a second: (time on its monotonic clock,
+    address, role, slots offered, sequences placed)."""
+    return [(s.time, s.worker, s.role, s.slots, s.used) for s in dask_scheduler.plugins["rose"].book.history]
+
+
+def core1_use(samples: list[tuple], core1: set[str], start: float, end: float) -> dict:
+    """Core 1's rollout worker over the timed window: mean slots it offered and sequences placed on it."""
+    mine = [s for s in samples if s[1] in core1 and start <= s[0] <= end]
+    n = max(1, len(mine))
+    return {"core1_slots": sum(s[3] for s in mine) / n, "core1_used": sum(s[4] for s in mine) / n}
+
+
+def run_policy(name: str, pipeline, cluster_cfg, steps: int, args, staleness: int,
+               spare_slots: int | None = None) -> dict:
     from distributed import Client
 
     import rose
-    from rose.runtime.cluster import LocalRoseCluster
 
-    out = {"policy": name, "staleness": staleness}
+    out = {"policy": name, "staleness": staleness, "steps": steps}
     stamps: list[float] = []
-    with LocalRoseCluster(cluster_cfg, pipeline.engine) as cluster, Client(cluster) as client:
+    with BenchCluster(cluster_cfg, pipeline.engine, spare_slots) as cluster, Client(cluster) as client:
         stop, box, load = threading.Event(), {}, None
         if cluster_cfg.num_serving:
             (w,) = [w for w in client.scheduler_info(n_workers=-1)["workers"].values()
@@ -78,29 +143,48 @@ def run_policy(name: str, pipeline, cluster_cfg, steps: int, args, staleness: in
             load = serving_load(f"http://127.0.0.1:{w['metrics']['rose']['http_port']}", args, stop, box)
             while not box.get("ready") and load.is_alive():
                 time.sleep(0.2)
-        t0 = time.perf_counter()
+        t0 = time.monotonic()
         report = rose.run(replace(pipeline, cluster=cluster_cfg, staleness=staleness), cluster=client, steps=steps,
                           progress=False,
-                          on_step=lambda row: (stamps.append(time.perf_counter()), print(
+                          on_step=lambda row: (stamps.append(time.monotonic()), print(
                               f"  step {row['step']}: rollout {row['rollout_s']:.2f} s, train {row['train_s']:.2f} s, "
                               f"sync {row['sync_s']:.2f} s, step {row['step_s']:.2f} s", file=sys.stderr, flush=True)))
-        out["run_s"] = time.perf_counter() - t0
+        out["run_s"] = time.monotonic() - t0
         stop.set()
         if load is not None:
             load.join(120)
             lr = box["report"]
-            out.update(slo_attainment=lr.attainment, serving=lr.summary(), capacity=box["capacity"], rate=box["rate"])
+            out.update(slo_attainment=lr.attainment, serving=lr.summary(), rate=box["rate"])
         state = client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.plugins["rose"].state())
+        samples = client.run_on_scheduler(_samples)
+        asked = list(cluster.elastic_asked_at)
+        # core 1's rollout worker: rose's serving worker, ideal's second dedicated one, elastic's on-demand one
+        core1 = {a for a, w in client.scheduler_info(n_workers=-1)["workers"].items()
+                 if w["name"] == "serving-0" or w["name"] == "dedicated-1" or str(w["name"]).startswith("elastic-")}
+    out.update(core1_use(samples, core1, stamps[0], stamps[-1]))
+    if cluster_cfg.policy == "elastic":
+        first: dict[str, float] = {}
+        for t, addr, _, _, used in samples:
+            if used > 0:
+                first.setdefault(addr, t)
+        # on-demand workers: every sampled worker but the ones there from the start (an on-demand one
+        # given back after its idle grace is no longer in the state)
+        initial = {a for a, w in state["workers"].items() if not w["elastic"]}
+        used = sorted(t for a, t in first.items() if a not in initial)
+        waited = waited_for_capacity(asked, used, stamps[0], stamps[-1])
+        out.update(allocation_overhead=waited / (stamps[-1] - stamps[0]),
+                   elastic_asked_s=[round(a - stamps[0], 1) for a in asked],  # from the timed window's start
+                   elastic_first_rollout_s=[round(u - stamps[0], 1) for u in used])
     m = report.metrics
     timed = m[m["step"] >= 1]
-    out.update(traj_s=float(timed["trajectories"].sum()) / (stamps[-1] - stamps[0]),
+    out.update(traj_s=float(timed["trajectories"].sum()) / (stamps[-1] - stamps[0]), window_s=stamps[-1] - stamps[0],
                rollout_s=float(timed["rollout_s"].mean()), train_s=float(timed["train_s"].mean()),
                sync_s=float(timed["sync_s"].mean()), step_s=float(timed["step_s"].mean()),
                trainer_compute_s=float(timed["trainer_compute_s"].mean()), lost=report.lost,
                duplicated=report.duplicated,
                failed=int(m["failed"].sum()), reward_last=float(m["reward_mean"].iloc[-5:].mean()),
                placement=report.trajectories["placement"].value_counts().to_pylist(),
-               workers={a: {k: w[k] for k in ("role", "dispatched", "shed", "elastic")}
+               workers={a: {k: w[k] for k in ("role", "slots", "dispatched", "shed", "elastic", "colocated")}
                         for a, w in state["workers"].items() if w["role"] != "trainer"},
                plugin_errors=state["errors"])
     return out
@@ -108,103 +192,141 @@ def run_policy(name: str, pipeline, cluster_cfg, steps: int, args, staleness: in
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="fewer steps, no rose sync run (under 5 minutes)")
-    ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--quick", action="store_true",
+                    help="12 steps; fixed sync, rose async and ideal async only, mirrored (under 5 minutes)")
+    ap.add_argument("--steps", type=int, default=None, help="steps of every run but elastic's (default 30; quick 12)")
+    ap.add_argument("--elastic-steps", type=int, default=90,
+                    help="steps of elastic's runs: long enough that its allocation wait is a stated fraction")
     ap.add_argument("--dedicated-slots", type=int, default=64,
-                    help="rollout sequences the dedicated worker runs at once under elastic and rose")
+                    help="rollout sequences the core-0 dedicated worker runs at once under elastic, rose and ideal")
     ap.add_argument("--allocation-delay", type=float, default=15.0, help="elastic: seconds to get a worker")
-    ap.add_argument("--load", type=float, default=0.15, help="serving traffic, as a fraction of its capacity")
-    ap.add_argument("--ttft-ms", type=float, default=1000.0)
-    ap.add_argument("--tpot-ms", type=float, default=100.0)
+    ap.add_argument("--rate", type=float, default=round(0.15 * CAPACITY, 1),
+                    help="serving requests per second, fixed for every rose run (default: 15%% of --capacity)")
+    ap.add_argument("--capacity", type=float, default=CAPACITY,
+                    help="the serving worker's capacity (req/s, measured once; see the docstring): serving_load = "
+                         "rate / capacity")
+    ap.add_argument("--ttft-ms", type=float, default=300.0)
+    ap.add_argument("--tpot-ms", type=float, default=30.0)
     ap.add_argument("--trace", default=os.path.join(ROOT, "benchmarks", "data", "azure_llm_inference_2023_conv.csv"))
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--serving-seqs", type=int, default=128, help="rose: rollout sequences the serving worker may hold")
-    ap.add_argument("--policies", default="fixed,elastic,rose", help=argparse.SUPPRESS)  # debugging: a subset
+    ap.add_argument("--serving-seqs", type=int, default=128,
+                    help="rollout sequences the serving worker may hold (rose), and core 1's dedicated worker's "
+                         "slots (ideal, elastic's on-demand worker)")
+    ap.add_argument("--policies", default="fixed,elastic,rose,ideal", help=argparse.SUPPRESS)  # debugging: a subset
     args = ap.parse_args()
     steps = args.steps or (12 if args.quick else 30)
+    load = args.rate / args.capacity
 
     import rose
+    from rose.config import ElasticConfig
     from rose.envs import env_class
     from rose.models import prepare_model
     from rose.pipeline import load_pipeline
-    from rose.config import ElasticConfig
 
     pipeline = replace(load_pipeline(os.path.join(ROOT, "pipelines", "guess.py")), seed=args.seed)
     model_dir = prepare_model(pipeline.model, env_class(pipeline.env), progress=False)
     base = rose.ClusterConfig(num_dedicated=1, cores=(0, 1), trainer_cores=(0,), serving_ttft_ms=args.ttft_ms,
                               serving_tpot_ms=args.tpot_ms)
-    elastic = ElasticConfig(max_extra=1, worker_slots=args.dedicated_slots, allocation_delay_s=args.allocation_delay,
+    elastic = ElasticConfig(max_extra=1, worker_slots=args.serving_seqs, allocation_delay_s=args.allocation_delay,
                             idle_release_s=60.0)
     fixed = replace(base, policy="fixed")
     rose_cfg = replace(base, policy="rose", dedicated_slots=args.dedicated_slots, num_serving=1,
                        serving_model=model_dir, serving_rollout_seqs=args.serving_seqs)
-    # (label, policy, cluster, staleness). Fixed runs in the modes that could be its best: synchronous,
-    # and asynchronous with its trainer and dedicated worker sharing core 0 (the OS interleaves them).
-    # Asynchronous with the dedicated worker yielding to the trainer is synchronous with extra steps
-    # for fixed (no other rollout capacity), so it is not run.
-    modes = {"fixed sync": ("fixed", fixed, 0),
-             "fixed async": ("fixed", replace(fixed, yield_to_trainer=False), 1),
+    # ideal: rose's layout with core 1's serving worker replaced by a dedicated one of its slots
+    ideal = replace(base, policy="fixed", num_dedicated=2, dedicated_slots=args.dedicated_slots)
+    # label -> (policy, cluster, staleness, core 1's dedicated slots, steps). Fixed runs in the modes that
+    # could be its best: synchronous, and asynchronous with its trainer and dedicated worker sharing core 0
+    # (the OS interleaves them). Asynchronous with the dedicated worker yielding to the trainer is
+    # synchronous with extra steps for fixed (no other rollout capacity), so it is not run.
+    modes = {"fixed sync": ("fixed", fixed, 0, None, steps),
+             "fixed async": ("fixed", replace(fixed, yield_to_trainer=False), 1, None, steps),
+             "rose sync": ("rose", rose_cfg, 0, None, steps),
+             "rose async": ("rose", rose_cfg, 1, None, steps),
+             "ideal sync": ("ideal", ideal, 0, args.serving_seqs, steps),
+             "ideal async": ("ideal", ideal, 1, args.serving_seqs, steps),
              "elastic async": ("elastic", replace(base, policy="elastic", dedicated_slots=args.dedicated_slots,
-                                                  elastic=elastic), 1),
-             "rose sync": ("rose", rose_cfg, 0),
-             "rose async": ("rose", rose_cfg, 1)}
-    # This host's speed drifts by tens of percent over minutes (a shared VM): the two runs the speed-up
-    # is mostly about are each run twice, in mirrored order (A B ... B A), so a steady drift cancels in
-    # their means. The quick run leaves out the informative rose sync run.
-    order = ["fixed sync", "rose async", "fixed async", "elastic async", "rose sync", "rose async", "fixed sync"]
-    if args.quick:
-        order.remove("rose sync")
+                                                  elastic=elastic), 1, args.serving_seqs, args.elastic_steps)}
+    # Every run twice, in mirrored order (A B ... B A): the host's drift (tens of percent over minutes
+    # on this shared VM) cancels in each mode's mean if it is steady.
+    half = (["fixed sync", "rose async", "ideal async"] if args.quick else
+            ["fixed sync", "rose async", "ideal async", "fixed async", "rose sync", "ideal sync", "elastic async"])
+    order = [k for k in half + half[::-1] if modes[k][0] in args.policies.split(",")]
+    print(f"serving: {args.rate:.1f} req/s fixed ({load:.0%} of its {args.capacity:.0f} req/s capacity measured "
+          f"once); SLO TTFT {args.ttft_ms:.0f} ms / TPOT {args.tpot_ms:.0f} ms; run order: {', '.join(order)}",
+          file=sys.stderr, flush=True)
     results: dict[str, list[dict]] = {}
     for label in order:
-        name, cfg, staleness = modes[label]
-        if name not in args.policies.split(","):
-            continue
-        print(f"running {label} ({steps} steps)...", file=sys.stderr, flush=True)
-        r = run_policy(name, pipeline, cfg, steps, args, staleness)
+        name, cfg, staleness, spare, n = modes[label]
+        print(f"running {label} ({n} steps)...", file=sys.stderr, flush=True)
+        r = run_policy(name, pipeline, cfg, n, args, staleness, spare)
         results.setdefault(label, []).append(r)
         print(json.dumps(r), file=sys.stderr, flush=True)
 
     def mean(label: str, key: str) -> float:
         return sum(r[key] for r in results[label]) / len(results[label])
 
-    def best(policy: str) -> str:
-        return max((k for k, rs in results.items() if rs[0]["policy"] == policy), key=lambda k: mean(k, "traj_s"))
+    def best(policy: str) -> str | None:
+        return max((k for k, rs in results.items() if rs[0]["policy"] == policy), key=lambda k: mean(k, "traj_s"),
+                   default=None)
 
-    fk, ek, rk = best("fixed"), best("elastic"), best("rose")
-    f_traj = mean(fk, "traj_s")
-    print(f"\nelastic_e2e: pipelines/guess.py, {steps} steps (timed: 1..{steps - 1}), 128 trajectories a step; "
-          f"dedicated slots {args.dedicated_slots} (elastic, rose); allocation delay {args.allocation_delay:.0f} s; "
-          f"serving load {args.load:.0%} of capacity (Azure conversation trace), SLO TTFT {args.ttft_ms:.0f} ms / "
-          f"TPOT {args.tpot_ms:.0f} ms; in run order; speed-ups against the mean of the best fixed mode ({fk})")
+    keys = {p: best(p) for p in ("fixed", "elastic", "rose", "ideal")}
+    fk, ek, rk, ik = keys["fixed"], keys["elastic"], keys["rose"], keys["ideal"]
+    traj = {p: mean(k, "traj_s") if k else None for p, k in keys.items()}
+    f_traj = traj["fixed"]
+    frac = ((traj["rose"] - f_traj) / ((traj["ideal"] - f_traj) * (1 - load))
+            if f_traj and traj["rose"] and traj["ideal"] and traj["ideal"] > f_traj else None)
+    print(f"\nelastic_e2e: pipelines/guess.py, {steps} steps (timed: 1..{steps - 1}; elastic {args.elastic_steps}), "
+          f"128 trajectories a step; core-0 dedicated slots {args.dedicated_slots} (elastic, rose, ideal); core 1: "
+          f"{args.serving_seqs} rollout sequences (rose's serving worker, ideal's and elastic's dedicated one); "
+          f"allocation delay {args.allocation_delay:.0f} s; serving {args.rate:.1f} req/s ({load:.0%} of capacity, "
+          f"Azure conversation trace), SLO TTFT {args.ttft_ms:.0f} ms / TPOT {args.tpot_ms:.0f} ms; in run order; "
+          f"speed-ups against the mean of the best fixed mode ({fk})")
     print(f"{'run':<15}{'traj/s':>8}{'speedup':>9}{'step s':>8}{'rollout s':>10}{'train s':>9}{'compute s':>10}"
-          f"{'sync s':>8}{'SLO':>8}{'reward':>8}{'lost':>6}{'dup':>5}  rollout placement")
+          f"{'sync s':>8}{'core1 slots/used':>17}{'SLO':>8}{'TTFT/TPOT p99':>15}{'alloc':>7}{'lost':>6}{'dup':>5}"
+          "  rollout placement")
     seen: dict[str, int] = {}
     for label in order:
-        if label not in results:
-            continue
         r = results[label][seen.get(label, 0)]
         seen[label] = seen.get(label, 0) + 1
         slo = f"{r['slo_attainment']:.4f}" if "slo_attainment" in r else "-"
+        p99 = f"{r['serving']['ttft_p99_ms']:.0f}/{r['serving']['tpot_p99_ms']:.0f}" if "serving" in r else "-"
+        alloc = f"{r['allocation_overhead']:.2f}" if "allocation_overhead" in r else "-"
         placed = ", ".join(f"{p['counts']} {p['values']}" for p in r["placement"])
-        print(f"{label:<15}{r['traj_s']:>8.1f}{r['traj_s'] / f_traj:>9.2f}{r['step_s']:>8.3f}"
+        speedup = f"{r['traj_s'] / f_traj:.2f}" if f_traj else "-"
+        print(f"{label:<15}{r['traj_s']:>8.1f}{speedup:>9}{r['step_s']:>8.3f}"
               f"{r['rollout_s']:>10.3f}{r['train_s']:>9.3f}{r['trainer_compute_s']:>10.3f}{r['sync_s']:>8.3f}"
-              f"{slo:>8}{r['reward_last']:>8.3f}{r['lost']:>6}{r['duplicated']:>5}  {placed}")
-    print("means: " + ", ".join(f"{k} {mean(k, 'traj_s'):.1f} traj/s ({mean(k, 'traj_s') / f_traj:.2f})"
-                                for k in results))
+              f"{r['core1_slots']:>11.0f}/{r['core1_used']:<5.0f}{slo:>8}{p99:>15}{alloc:>7}{r['lost']:>6}"
+              f"{r['duplicated']:>5}  {placed}")
+    print("means: " + ", ".join(f"{k} {mean(k, 'traj_s'):.1f} traj/s"
+                                + (f" ({mean(k, 'traj_s') / f_traj:.2f})" if f_traj else "") for k in results))
     everything = [r for rs in results.values() for r in rs]
     slos = [r["slo_attainment"] for r in everything if "slo_attainment" in r]
+
+    def rounded(x, nd):
+        return None if x is None else round(x, nd)
+
     print(json.dumps({
-        "bench": "elastic_e2e", "fixed_traj_s": round(f_traj, 2), "elastic_traj_s": round(mean(ek, "traj_s"), 2),
-        "rose_traj_s": round(mean(rk, "traj_s"), 2), "speedup_vs_fixed": round(mean(rk, "traj_s") / f_traj, 3),
-        "rollout_time_fixed_s": round(mean(fk, "rollout_s"), 3),
-        "rollout_time_elastic_s": round(mean(ek, "rollout_s"), 3),
-        "rollout_time_rose_s": round(mean(rk, "rollout_s"), 3),
-        "slo_attainment": round(min(r["slo_attainment"] for r in results[rk]), 4),
+        "bench": "elastic_e2e", "fixed_traj_s": rounded(f_traj, 2), "elastic_traj_s": rounded(traj["elastic"], 2),
+        "rose_traj_s": rounded(traj["rose"], 2), "ideal_traj_s": rounded(traj["ideal"], 2),
+        "speedup_vs_fixed": rounded(f_traj and traj["rose"] and traj["rose"] / f_traj, 3),
+        "ideal_speedup_vs_fixed": rounded(f_traj and traj["ideal"] and traj["ideal"] / f_traj, 3),
+        "fraction_of_ideal": rounded(frac, 3),
+        "allocation_overhead_elastic": rounded(ek and mean(ek, "allocation_overhead"), 3),
+        "rollout_time_fixed_s": rounded(fk and mean(fk, "rollout_s"), 3),
+        "rollout_time_elastic_s": rounded(ek and mean(ek, "rollout_s"), 3),
+        "rollout_time_rose_s": rounded(rk and mean(rk, "rollout_s"), 3),
+        "rollout_time_ideal_s": rounded(ik and mean(ik, "rollout_s"), 3),
+        "train_time_rose_s": rounded(rk and mean(rk, "train_s"), 3),
+        "train_time_ideal_s": rounded(ik and mean(ik, "train_s"), 3),
+        "slo_attainment": rounded(rk and min(r["slo_attainment"] for r in results[rk]), 4),
         "lost": sum(r["lost"] for r in everything), "duplicated": sum(r["duplicated"] for r in everything),
-        "steps": steps, "fixed_run": fk, "elastic_run": ek, "rose_run": rk,
+        "steps": steps, "elastic_steps": args.elastic_steps if ek else None, "serving_rate": args.rate,
+        "serving_load": round(load, 3), "ttft_ms": args.ttft_ms, "tpot_ms": args.tpot_ms, "quick": args.quick,
+        "fixed_run": fk, "elastic_run": ek, "rose_run": rk, "ideal_run": ik,
         "speedup_per_run": {f"{k} #{i + 1}": round(r["traj_s"] / f_traj, 3)
-                            for k, rs in results.items() for i, r in enumerate(rs)},
+                            for k, rs in results.items() for i, r in enumerate(rs)} if f_traj else None,
         "min_slo_attainment": round(min(slos), 4) if slos else None}))
+
 
 if __name__ == "__main__":
     main()

@@ -1,12 +1,16 @@
 """Claim: ROSE's rollout path costs little over calling vLLM directly (target: ratio >= 0.8).
 
 Same episodes (guess env, same seeds, same per-turn sampling seeds, temperature 1) two ways, in one run:
-- rose:   one Dask task per trajectory on a LocalRoseCluster dedicated worker (agent loop, engine loop
+- rose:   the step graph's rollout tasks (one per GRPO group) placed by rose.plugin on a LocalRoseCluster
+          dedicated worker with its default slots (agent loop on the worker's event loop, engine loop
           thread, Arrow record batches back to the driver);
 - direct: vLLM's `LLM.generate` in this process, all live episodes batched per turn, envs stepped here.
-Both engines are bound to the same single core, with the same engine settings, and both stay up for
-the whole run; rounds alternate between the two paths. Throughput is generated tokens per wall second
-over the timed rounds after one warm-up round.
+Both engines are bound to the same single core and built from the same engine arguments
+(`engine_kwargs`), and both stay up for the whole run; rounds alternate between the two paths.
+Throughput is generated tokens per wall second over the timed rounds after one warm-up round.
+`ratio` is for synchronous rounds (each round's rollouts submitted, run and gathered before the next:
+a synchronous step's rollout phase); `ratio_async` for the same rounds with the next one submitted
+while the current one runs (asynchronous steps keep one step's rollouts ahead).
 
     python benchmarks/rollout_overhead.py [--quick]
 """
@@ -43,9 +47,9 @@ def serve_direct(model_dir, engine_cfg, max_len, n, seed):
     from vllm import LLM, SamplingParams
 
     from rose.envs import make_env
+    from rose.runtime.engine.vllm_engine import engine_kwargs
 
-    llm = LLM(model=model_dir, dtype=engine_cfg.dtype, enforce_eager=True, max_model_len=max_len,
-              max_num_seqs=engine_cfg.max_num_seqs, seed=seed, enable_prefix_caching=True)
+    llm = LLM(**engine_kwargs(model_dir, engine_cfg, max_len, seed))  # ROSE's engine, argument for argument
     tok = AutoTokenizer.from_pretrained(model_dir)
     stops = [tok.convert_tokens_to_ids("\n"), tok.eos_token_id]
     print("READY", flush=True)
@@ -109,7 +113,10 @@ def run_both(model_dir, engine_cfg, max_len, rounds, n, seed):
     """Alternate rounds: direct round r, then ROSE round r (the same episodes), so that both paths see
     the same machine: on a shared host, throughput drifts by tens of percent from minute to minute.
     ROSE's round is its own path: a step graph (prompts -> rollout) lowered and submitted as the
-    runner does. Returns [(direct_tokens, direct_s, rose_tokens, rose_s)] per timed round."""
+    runner does. Then the same rounds once more through ROSE asynchronously: each round's graph is
+    submitted while the one before still runs (at most two in flight, as `staleness=1` steps are),
+    between direct rounds again. Returns ([(direct_tokens, direct_s, rose_tokens, rose_s)] per timed
+    round, (direct_tokens, direct_s, rose_tokens, rose_s) of the asynchronous phase)."""
     from distributed import Client, wait
 
     from rose.config import ClusterConfig
@@ -131,28 +138,45 @@ def run_both(model_dir, engine_cfg, max_len, rounds, n, seed):
             roles["rollout"] = roles["dedicated"]
             spec = ModelSpec(model_dir, max_len, engine_cfg, seed)
             client.submit(prepare_worker, spec, workers=roles["dedicated"], pure=False).result()
-            results = []
-            for r in tqdm(range(rounds + 1), desc="rounds (direct, rose)"):  # round 0 warms both up
-                d_tokens, d_s = direct.round(r)
+            def start(r):
                 g = Graph("bench")
                 specs = g.add("prompts", "prompts", env="guess", num_groups=n // 8, group_size=8)
                 g.add("rollout", "rollout", inputs={"specs": specs.out("specs")})
                 low = lower(g, LowerContext(step=r, weight_version=0, graph="bench", seed=seed))
-                t0 = time.perf_counter()
                 futures = submit(client, low.tasks, roles)
-                outs = [futures[k] for k in low.keys_of("rollout", "trajectories")]
+                return [futures[k] for k in low.keys_of("rollout", "trajectories")]
+
+            def finish(r, outs) -> int:
                 wait(outs)
                 table = concat(client.gather(outs))
-                r_s = time.perf_counter() - t0
-                r_tokens = sum(sum(m) for m in table["loss_mask"].to_pylist())
                 if table.num_rows != n:
                     raise RuntimeError(f"round {r}: {table.num_rows} trajectories back, expected {n}")
+                return sum(sum(m) for m in table["loss_mask"].to_pylist())
+
+            results = []
+            for r in tqdm(range(rounds + 1), desc="rounds (direct, rose)"):  # round 0 warms both up
+                d_tokens, d_s = direct.round(r)
+                t0 = time.perf_counter()
+                r_tokens = finish(r, start(r))
+                r_s = time.perf_counter() - t0
                 if r > 0:
                     results.append((d_tokens, d_s, r_tokens, r_s))
-                del futures, outs
+            # Asynchronous: round r+1 is submitted before round r is waited for; the clock runs from the
+            # first submission to the last round's gather. Direct rounds run before and after it.
+            d0 = direct.round(1)
+            t0 = time.perf_counter()
+            inflight = [(1, start(1))]
+            a_tokens = 0
+            for r in range(2, rounds + 2):
+                if r <= rounds:
+                    inflight.append((r, start(r)))
+                a_tokens += finish(*inflight.pop(0))
+            a_s = time.perf_counter() - t0
+            d1 = direct.round(rounds)
     finally:
         direct.close()
-    return results
+    d_tokens, d_s = d0[0] + d1[0], d0[1] + d1[1]
+    return results, (d_tokens, d_s, a_tokens, a_s)
 
 
 def main():
@@ -181,7 +205,8 @@ def main():
         return
     # The baseline runs in its own process, so neither path inherits the other's engine, threads or
     # environment (vLLM edits LD_PRELOAD at import, which worker processes would inherit).
-    results = run_both(model_dir, engine_cfg, model_cfg.max_model_len, rounds, n, args.seed)
+    results, (ad_tokens, ad_s, a_tokens, a_s) = run_both(model_dir, engine_cfg, model_cfg.max_model_len, rounds, n,
+                                                         args.seed)
     print(f"\nrollout overhead: {n} guess episodes per round, engine on core {CORE}, rounds alternate")
     print(f"{'round':<7}{'direct tok':>11}{'direct s':>10}{'rose tok':>10}{'rose s':>8}{'ratio':>7}")
     for r, (dt, ds, rt, rs) in enumerate(results, 1):
@@ -190,10 +215,14 @@ def main():
     rose_tok_s = sum(x[2] for x in results) / sum(x[3] for x in results)
     ratio = rose_tok_s / direct_tok_s
     print(f"{'all':<7}{direct_tok_s:>11.1f} tok/s{'':>4}{rose_tok_s:>10.1f} tok/s   ratio rose/direct = {ratio:.3f} "
-          f"(target >= 0.8)\n")
+          f"(target >= 0.8)")
+    async_ratio = (a_tokens / a_s) / (ad_tokens / ad_s)
+    print(f"{'async':<7}{ad_tokens / ad_s:>11.1f} tok/s{'':>4}{a_tokens / a_s:>10.1f} tok/s   ratio rose/direct = "
+          f"{async_ratio:.3f} (rounds 1..{rounds} two in flight; direct: rounds 1 and {rounds} around them)\n")
     print(json.dumps({"bench": "rollout_overhead", "rose_tok_s": round(rose_tok_s, 1),
-                      "direct_tok_s": round(direct_tok_s, 1), "ratio": round(ratio, 3), "trajectories": n,
-                      "rounds": rounds, "quick": args.quick}))
+                      "direct_tok_s": round(direct_tok_s, 1), "ratio": round(ratio, 3),
+                      "rose_async_tok_s": round(a_tokens / a_s, 1), "ratio_async": round(async_ratio, 3),
+                      "trajectories": n, "rounds": rounds, "quick": args.quick}))
 
 
 if __name__ == "__main__":

@@ -59,6 +59,9 @@ class EngineConfig:
     temperature: float = 1.0  # sampling temperature of the behaviour policy
     top_p: float = 1.0
     rollout_slots: int = 128  # concurrent rollout tasks per worker (Dask threads; they mostly wait)
+    # After an iteration that finished many turns, wait up to this long for the next turns to come
+    # back before stepping a much smaller batch (ms; 0: step at once). See rose/runtime/engine/batching.py.
+    batch_hold_ms: float = 30.0
     # A policy turn not answered in this long fails its trajectory with the reason, instead of waiting
     # forever on an engine that stalled (s; it includes queueing behind other requests).
     request_timeout_s: float = 600.0
@@ -76,6 +79,7 @@ class EngineConfig:
         _positive(c, "temperature", self.temperature)
         config_check(0 < self.top_p <= 1, c, "top_p", self.top_p, "in (0, 1]")
         _positive(c, "rollout_slots", self.rollout_slots)
+        _positive(c, "batch_hold_ms", self.batch_hold_ms, allow_zero=True)
         _positive(c, "request_timeout_s", self.request_timeout_s)
         _positive(c, "env_timeout_s", self.env_timeout_s)
 
@@ -140,7 +144,8 @@ class ClusterConfig:
     serving_tpot_ms: float = 100.0
     serving_rollout_seqs: int = 64  # at most this many rollout sequences on a serving worker (its memory budget)
     policy: str = "rose"  # rollout placement (rose.plugin): rose | fixed | elastic
-    # Rollout sequences a dedicated worker runs at once (its --rose-slots); None: the engine's max_num_seqs.
+    # Rollout sequences a dedicated worker runs at once (its --rose-slots); None: twice the engine's
+    # max_num_seqs (a queue in the engine keeps its batch full; rose/runtime/worker/rollout.py).
     # Below the step's sequences, the rest overflow to serving (rose) or on-demand (elastic) workers.
     dedicated_slots: int | None = None
     elastic: ElasticConfig = ElasticConfig()  # policy "elastic": on-demand dedicated workers

@@ -45,7 +45,7 @@ def _parse_cores(value: str | None) -> tuple[int, ...] | None:
 @click.option("--rose-rollout-seqs", type=int, default=64, show_default=True,
               help="serving role: at most this many rollout sequences in flight (the memory budget)")
 @click.option("--rose-slots", type=click.IntRange(min=1), default=None,
-              help="dedicated role: rollout sequences run at once [default: the engine's max_num_seqs]")
+              help="dedicated role: rollout sequences run at once [default: twice the engine's max_num_seqs]")
 @click.option("--rose-elastic", is_flag=True, default=False,
               help="this worker was started on demand by the elastic baseline's scaler")
 @click.option("--rose-colocated", is_flag=True, default=False,

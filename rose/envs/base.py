@@ -30,7 +30,12 @@ class Env(Protocol):
     max_action_tokens: int  # tokens the policy may write in one turn
     # Rollouts call `reset` and `step` in a thread of their own, under `EngineConfig.env_timeout_s`: a
     # call may block on I/O or tools; one that raises, or runs past the deadline, fails its trajectory
-    # (naming the env, the turn and the trajectory id) and nothing else.
+    # (naming the env, the turn and the trajectory id) and nothing else. An environment whose calls are
+    # pure Python that returns in microseconds and cannot block may set the class attribute
+    # `inline = True`: its calls then run directly on the worker's event loop (no thread handoff, which
+    # costs more than such a call; no deadline, which it cannot need). One that raises still fails only
+    # its trajectory. It counts only on the class that declares it (`is_inline`): a subclass of an
+    # inline environment may add a tool call that blocks, and keeps its deadline unless it says again.
 
     def reset(self, seed: int) -> str:
         """Start an episode; return the first observation (the prompt)."""
@@ -45,6 +50,11 @@ class Env(Protocol):
     @classmethod
     def demonstration(cls, rng: random.Random) -> list[tuple[str, bool]]:
         """One synthetic episode as (text, is_policy) segments, for the supervised warm start."""
+
+
+def is_inline(cls: type) -> bool:
+    """Whether environment class `cls` itself declares `inline = True` (inherited does not count)."""
+    return vars(cls).get("inline") is True
 
 
 def replay(env: Env, seed: int, actions: list[str]) -> tuple[str, list[StepResult]]:

@@ -21,6 +21,7 @@ def _parse_int(word: str) -> int | None:
 @register
 class CalcEnv:
     name = "calc"
+    inline = True  # reset and step are pure Python, microseconds: run on the event loop
     max_action_tokens = 6
 
     def __init__(self, low: int = 2, high: int = 12, max_turns: int = 3):

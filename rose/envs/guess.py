@@ -18,6 +18,7 @@ MALFORMED_REWARD = -1.0
 @register
 class GuessEnv:
     name = "guess"
+    inline = True  # reset and step are pure Python, microseconds: run on the event loop
     max_action_tokens = 4
 
     def __init__(self, low: int = 1, high: int = 16, max_turns: int = 5):

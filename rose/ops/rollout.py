@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import reprlib
+import sys
 import time
 import traceback
 import zlib
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from rose.errors import EngineError, EnvError, PromptTooLongError
-from rose.envs.base import StepResult, replay
+from rose.envs.base import StepResult, is_inline, replay
 from rose.envs.deadline import DeadlineExceeded, call_with_deadline
 from rose.ops.reward import as_reward
 from rose.runtime.engine.base import SamplingSpec
@@ -124,16 +125,20 @@ async def _generate(engine, prompt: list[int], sampling: SamplingSpec, request_i
                 raise
 
 
-async def env_call(spec: RolloutSpec, what: str, turn: int | None, fn, *args, timeout_s: float | None = None):
+async def env_call(spec: RolloutSpec, what: str, turn: int | None, fn, *args, timeout_s: float | None = None,
+                   inline: bool = False):
     """One call into the environment (`what`: reset, step, replay, construction) under its deadline.
 
     Any failure becomes an `EnvError` naming the environment, the call, the turn and the trajectory.
     The call runs in a thread of its own (`call_with_deadline`): a sync call that hangs cannot be
-    cancelled, so past the deadline the trajectory fails and the thread is abandoned."""
+    cancelled, so past the deadline the trajectory fails and the thread is abandoned. `inline`: the
+    environment declared its calls instant and non-blocking (`Env.inline`); run it right here."""
     timeout_s = spec.env_timeout_s if timeout_s is None else timeout_s
     where = f"environment {spec.env!r} {what}" + ("" if turn is None else f" at turn {turn}")
     ctx = {"trajectory_id": spec.trajectory_id, "env": spec.env} | ({} if turn is None else {"turn": turn})
     try:
+        if inline:
+            return fn(*args)
         return await call_with_deadline(fn, *args, timeout_s=timeout_s, name=f"env {spec.trajectory_id} {what}")
     except DeadlineExceeded:
         raise EnvError(f"{where} did not return within env_timeout_s={timeout_s:g} s (its thread is abandoned: "
@@ -174,12 +179,13 @@ async def agent_loop(spec: RolloutSpec, env, engine_loop, tokenizer, max_model_l
     stop_ids = tuple(t for t in (tokenizer.convert_tokens_to_ids("\n"), tokenizer.eos_token_id)
                      if isinstance(t, int) and t != tokenizer.unk_token_id)
     t0 = time.perf_counter()
+    inline = is_inline(type(env))
     actions: list[str] = []
     first_turn = 0
     traj = spec.trajectory()
     try:
         if state is None:
-            first = await env_call(spec, "reset", 0, env.reset, spec.env_seed)
+            first = await env_call(spec, "reset", 0, env.reset, spec.env_seed, inline=inline)
             if not isinstance(first, str):
                 raise EnvError(f"environment {spec.env!r} reset returned {_quote(first)}; expected the first "
                                f"observation as a string", trajectory_id=spec.trajectory_id, env=spec.env, turn=0)
@@ -193,7 +199,7 @@ async def agent_loop(spec: RolloutSpec, env, engine_loop, tokenizer, max_model_l
             traj, actions, first_turn = state.traj, list(state.actions), state.turn
             # One deadline per call replayed: the replay is that many calls in one thread.
             await env_call(spec, "replay", first_turn, replay, env, spec.env_seed, actions,
-                           timeout_s=spec.env_timeout_s * (1 + len(actions)))
+                           timeout_s=spec.env_timeout_s * (1 + len(actions)), inline=inline)
         traj.finish_reason = "max_turns"
         for turn in range(first_turn, env.max_turns):
             if len(traj.token_ids) >= max_model_len:
@@ -211,7 +217,7 @@ async def agent_loop(spec: RolloutSpec, env, engine_loop, tokenizer, max_model_l
             traj.queue_s += gen.queue_s
             action = tokenizer.decode(gen.token_ids, skip_special_tokens=True)
             actions.append(action)
-            result = _checked_step(spec, turn, await env_call(spec, "step", turn, env.step, action))
+            result = _checked_step(spec, turn, await env_call(spec, "step", turn, env.step, action, inline=inline))
             traj.env_reward += float(result.reward)
             traj.add_context(_encode(tokenizer, result.observation))
             if result.done:
@@ -224,13 +230,28 @@ async def agent_loop(spec: RolloutSpec, env, engine_loop, tokenizer, max_model_l
     return traj
 
 
+def _inline(name: str) -> bool:
+    """Whether environment `name` declared its calls instant (`Env.inline`). Only a class whose module
+    is loaded already is asked (importing a user's module is itself a call that may block), and any
+    error leaves the answer to the construction call, which reports it."""
+    from rose.envs import env_class
+
+    if ":" in name and name.partition(":")[0] not in sys.modules:
+        return False
+    try:
+        return is_inline(env_class(name))
+    except Exception:
+        return False
+
+
 async def _one(spec: RolloutSpec, w, state, stop) -> Trajectory | Partial:
     from rose.envs import make_env
 
     if isinstance(state, Trajectory):  # finished before its group was shed
         return state
     try:
-        env = await env_call(spec, "construction", None, lambda: make_env(spec.env, **spec.env_kwargs))
+        env = await env_call(spec, "construction", None, lambda: make_env(spec.env, **spec.env_kwargs),
+                             inline=_inline(spec.env))
     except EnvError as e:
         traj = spec.trajectory(finish_reason="failed", error=_reason(e))
     else:

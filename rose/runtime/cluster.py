@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 
 from distributed import Nanny, Scheduler, Security, SpecCluster
 from distributed.core import Status
@@ -145,8 +146,8 @@ class LocalRoseCluster(SpecCluster):
                                                             "--rose-shed-after", str(config.shed_after_s)],
             **comm,
         }}
-        self._dedicated_argv = slots
         self._elastic_n = 0
+        self.elastic_asked_at: list[float] = []  # time.monotonic() of each on-demand worker asked for
         self._elastic_warned = False  # the scaler says once that the scheduler gives no demand
         # SpecCluster's own rpc to the scheduler (and a Client made from this cluster) use `security` too.
         super().__init__(workers=workers, scheduler=scheduler, silence_logs=logging.WARNING, name="rose",
@@ -170,9 +171,12 @@ class LocalRoseCluster(SpecCluster):
         name = f"{ELASTIC_PREFIX}{self._elastic_n}"
         cores = _rollout_core(cfg, cfg.num_dedicated + cfg.num_serving + self._elastic_n)
         self._elastic_n += 1
+        self.elastic_asked_at.append(time.monotonic())
+        # The slots the scaler counted on when it asked (ElasticConfig.worker_slots), not the fixed
+        # dedicated workers' own.
+        slots = ("--rose-slots", str(cfg.elastic.worker_slots))
         spec = _worker_spec("dedicated", cores, self.engine_config.rollout_slots, self.engine_config, name,
-                            cfg.trainer_site, (*self._dedicated_argv, *self._colocated(cores), "--rose-elastic"),
-                            self._comm)
+                            cfg.trainer_site, (*slots, *self._colocated(cores), "--rose-elastic"), self._comm)
         spec["cls"] = AllocatedNanny
         spec["options"]["allocation_delay_s"] = cfg.elastic.allocation_delay_s
         return {name: spec}

@@ -152,7 +152,7 @@ def test_elastic_policy_adds_a_worker_that_joins_mid_run():
     from rose.config import ElasticConfig
 
     cfg = ClusterConfig(num_dedicated=1, policy="elastic", dedicated_slots=8,
-                        elastic=ElasticConfig(max_extra=1, worker_slots=8, allocation_delay_s=1.0,
+                        elastic=ElasticConfig(max_extra=1, worker_slots=12, allocation_delay_s=1.0,
                                               idle_release_s=600.0))
     pipeline = small_pipeline(SLOW, model_env="guess", groups=8, group_size=4, steps=4)
     with LocalRoseCluster(cfg, EngineConfig()) as c, Client(c) as client:
@@ -172,6 +172,7 @@ def test_elastic_policy_adds_a_worker_that_joins_mid_run():
     check_complete(report, 128)
     elastic = [a for a, w in state["workers"].items() if w["elastic"]]
     assert len(elastic) == 1, state["workers"]
+    assert state["workers"][elastic[0]]["slots"] == 12  # ElasticConfig.worker_slots, not dedicated_slots
     assert state["workers"][elastic[0]]["weight_version"] == 4  # caught up, then synced with the rest
     assert elastic[0] in report.trajectories["worker"].unique().to_pylist()  # it ran rollouts
     assert state["errors"] == 0, state["last_error"]

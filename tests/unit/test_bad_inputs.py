@@ -3,12 +3,14 @@ else: environments that raise, hang or answer nonsense, and prompts longer than 
 loop runs on a FakeEngine behind a real engine loop (logic only); the integration test in
 tests/integration/test_bad_inputs.py runs the same cases on real vLLM engines and Dask workers."""
 import asyncio
+import threading
 import time
 
 import pytest
 
 from rose.config import EngineConfig
-from rose.envs.base import StepResult
+from rose.envs.base import StepResult, is_inline
+from rose.envs.guess import GuessEnv
 from rose.envs.deadline import DeadlineExceeded, abandoned_calls, call_with_deadline
 from rose.errors import ConfigError, EnvError
 from rose.graph import LowerContext, lower, rl_step
@@ -171,3 +173,35 @@ def test_a_prompt_longer_than_the_context_fails_naming_its_tokens_and_the_limit(
     assert long_.error == ("PromptTooLongError: prompt of 302 tokens does not fit the model's context "
                            "(max_model_len=64) [trajectory_id='s0-g0-i7', env='long_prompt']")
     assert ok.finish_reason == "done"
+
+
+class WhereEnv(ScriptedEnv):
+    """Records the thread each call runs on."""
+
+    threads: list[str] = []
+
+    def step(self, action):
+        WhereEnv.threads.append(threading.current_thread().name)
+        return super().step(action)
+
+
+class InlineWhereEnv(WhereEnv):
+    inline = True
+
+
+class RaisingInlineEnv(RaisingEnv):
+    inline = True
+
+
+def test_an_inline_env_runs_on_the_event_loop_and_a_subclass_must_say_so_again(loop_and_tok):
+    """`inline = True` moves an environment's calls onto the rollout's own thread; a subclass does not
+    inherit it (its step may block: HangingEnv is a GuessEnv whose step hangs), and an inline env that
+    raises still fails its trajectory alone, with the reason."""
+    loop, tok = loop_and_tok
+    assert is_inline(GuessEnv) and not is_inline(HangingEnv) and not is_inline(WhereEnv)
+    for env, thread in ((InlineWhereEnv(), "MainThread"), (WhereEnv(), "rose-env")):
+        WhereEnv.threads.clear()
+        (traj,) = _run(agent_loop(RolloutSpec(1, 0, 0, "scripted", env_seed=1), env, loop, tok, 64))
+        assert traj.finish_reason == "done" and WhereEnv.threads == [thread] * 2
+    bad, = _run(agent_loop(RolloutSpec(2, 3, 0, "raising", env_seed=1), RaisingInlineEnv(), loop, tok, 64))
+    assert bad.finish_reason == "failed" and "step at turn 0 raised RuntimeError" in bad.error

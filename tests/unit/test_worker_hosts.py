@@ -65,7 +65,8 @@ def test_a_dedicated_worker_prepares_reports_commits_and_sheds(spec, monkeypatch
             monkeypatch.setattr(RolloutHost, "_build", build)
 
             report = plugin.prepare(spec)
-            assert (report.slots, report.weight_version, report.model) == (8, 0, spec.model_dir)
+            # Default slots: twice the engine's batch (max_num_seqs 8), so a queue keeps the batch full.
+            assert (report.slots, report.weight_version, report.model) == (16, 0, spec.model_dir)
             assert worker.events[-1] == (TOPIC, report.to_msg())
             assert plugin.host.tokenizer == "tokenizer" and plugin.weights.version == 0
 

@@ -16,6 +16,7 @@ from typing import Callable
 
 from rose.errors import EngineError
 from rose.runtime.engine.base import Engine, SamplingSpec
+from rose.runtime.engine.batching import BatchHold, hold_s
 from rose.runtime.engine.pending import PendingRollout, absorb, engine_future, fail
 from rose.runtime.engine.thread import CommandThread, build
 
@@ -26,11 +27,16 @@ class EngineLoop(CommandThread):
     """Steps `engine` on a daemon thread: a `RolloutEngine`. Thread-safe: call from any thread."""
 
     def __init__(self, engine: Engine | Callable[[], Engine], name: str = "rose-engine-loop",
-                 cores: tuple[int, ...] | None = None):
+                 cores: tuple[int, ...] | None = None, hold: BatchHold | None = None):
         """`engine` is an Engine, or a function that builds one: then it is built on the loop thread,
         so that the engine's per-thread settings (vLLM's CPU thread binding, OpenMP thread count)
-        apply to the thread that runs its kernels."""
+        apply to the thread that runs its kernels. `hold`: when to wait for the turns about to come
+        back before stepping (rose/runtime/engine/batching.py); None steps at once."""
         self._engine_or_factory = engine
+        self._hold_cfg = hold
+        self._last_batch = 0  # requests pending when the last iteration began
+        self._step_end = 0.0  # perf_counter seconds when it ended
+        self._last_arrival: float | None = None  # perf_counter seconds of the latest request since then
         self.engine: Engine | None = None
         self._pending: dict[str, PendingRollout] = {}  # by engine request id; owned by the loop thread
         self._ids = itertools.count()
@@ -91,6 +97,7 @@ class EngineLoop(CommandThread):
                 rid, prompt, spec = payload
                 self.engine.add_request(rid, prompt, spec)
                 self._pending[rid] = PendingRollout(rid, fut)
+                self._last_arrival = time.perf_counter()
             elif kind == "load":
                 named, version = payload
                 self.engine.load_weights(named, version)
@@ -99,7 +106,15 @@ class EngineLoop(CommandThread):
             fut.set_exception(e)
         return True
 
+    def _hold(self) -> float:
+        if self._hold_cfg is None:
+            return 0.0
+        now = time.perf_counter()
+        since = None if self._last_arrival is None else now - self._last_arrival
+        return hold_s(self._hold_cfg, len(self._pending), self._last_batch, now - self._step_end, since)
+
     def _step(self) -> None:
+        self._last_batch = len(self._pending)
         t0 = time.perf_counter()
         try:
             outputs = self.engine.step()
@@ -110,6 +125,7 @@ class EngineLoop(CommandThread):
             self._pending.clear()
             return
         now = time.perf_counter()
+        self._step_end, self._last_arrival = now, None
         self.busy_s += now - t0
         self.iterations += 1
         self.rollout_tokens += absorb(self._pending, outputs, self.engine.weight_version, now)

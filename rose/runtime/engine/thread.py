@@ -4,7 +4,7 @@ Shared by the engine loop (one rollout engine) and the co-serving executor (a se
 engine). The engines are built on the thread itself, so their per-thread settings (vLLM's CPU thread
 binding, OpenMP thread count) apply to the thread that runs their kernels. The thread then alternates:
 apply the commands that arrived, do one unit of work (an engine iteration), and sleep when there is
-neither. Commands are applied in order, between iterations; one that cannot apply yet (a weight swap
+neither (or, when the subclass says so, wait briefly for more commands before the next unit). Commands are applied in order, between iterations; one that cannot apply yet (a weight swap
 while requests are in flight) is put back with everything after it.
 """
 from __future__ import annotations
@@ -112,6 +112,10 @@ class CommandThread:
     def _work(self) -> None:
         raise NotImplementedError
 
+    def _hold(self) -> float:
+        """Seconds to wait for more commands before the next unit of work (0: work now)."""
+        return 0.0
+
     def _closing(self) -> None:
         """Fail what is unfinished."""
 
@@ -141,6 +145,12 @@ class CommandThread:
                         self._commands[:0] = commands[i:]
                     break
             if self._has_work():
+                wait = self._hold()
+                if wait > 0:  # a command that arrives meanwhile ends the wait; then decide again
+                    with self._cv:
+                        if not (self._commands or self._closed):
+                            self._cv.wait(wait)
+                    continue
                 self._work()
         with self._cv:  # commands still queued (a weight load waiting for requests in flight) never apply
             left, self._commands = self._commands, []

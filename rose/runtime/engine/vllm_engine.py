@@ -104,6 +104,38 @@ class KvState:
     usage: float  # fraction of blocks in use, 0..1 (vLLM's own figure)
 
 
+def engine_kwargs(model_dir: str, cfg: EngineConfig, max_model_len: int, seed: int, **extra) -> dict:
+    """vLLM's engine arguments for a ROSE rollout engine (`extra`: more of them). One place, so that a
+    baseline that calls vLLM directly (benchmarks/rollout_overhead.py) runs exactly the same engine."""
+    from vllm.config import SchedulerConfig
+    from vllm.platforms import current_platform
+
+    # No chunked prefill on CPU. A prefill cut at the iteration's token budget (late turns of a
+    # long conversation, a hundred of them at once) samples a token it then discards, and vLLM
+    # rewinds the request's seeded generator by its offset: CPU generators have none, and the
+    # RuntimeError ("CPU Generator does not use offset") failed the whole iteration, every request
+    # in it (seen: 361 of 384 six-turn trajectories). Unchunked, a prefill that does not fit waits
+    # for the next iteration whole; the budget must then hold the longest one.
+    chunked = not current_platform.is_cpu()
+    budget = None if chunked else max(max_model_len, SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS)
+    return dict(
+        model=model_dir,
+        dtype=cfg.dtype,
+        enforce_eager=True,
+        max_model_len=max_model_len,
+        max_num_seqs=cfg.max_num_seqs,
+        seed=seed,
+        enable_prefix_caching=True,
+        # Log-probs of the distribution actually sampled from (after temperature/top-p), so the
+        # trainer's importance ratios compare like with like.
+        logprobs_mode="processed_logprobs",
+        gpu_memory_utilization=cfg.gpu_memory_utilization,
+        enable_chunked_prefill=None if chunked else False,  # None: vLLM's default
+        max_num_batched_tokens=budget,
+        **extra,
+    )
+
+
 class VllmEngine:
     def __init__(self, model_dir: str, cfg: EngineConfig, max_model_len: int, seed: int = 0,
                  sleep_mode: bool = False, num_kv_blocks: int | None = None):
@@ -111,41 +143,20 @@ class VllmEngine:
         and take it back with `wake_up` (vLLM sleep mode), for a co-serving device under a burst.
         `num_kv_blocks`: the KV cache's size in blocks, overriding the size vLLM derives from
         VLLM_CPU_KVCACHE_SPACE or `gpu_memory_utilization` (tests fill a small cache on purpose)."""
+        from vllm import SamplingParams
         from vllm.engine.arg_utils import EngineArgs
+        from vllm.sampling_params import RequestOutputKind
         from vllm.v1.engine.llm_engine import LLMEngine
-
-        from vllm.config import SchedulerConfig
-        from vllm.platforms import current_platform
 
         self.max_model_len = max_model_len
         self._version = 0
+        # Bound once: `vllm` resolves names lazily, and an import per request was ~7 % of add_request's
+        # time (py-spy, 256 guess episodes a round).
+        self._params, self._delta = SamplingParams, RequestOutputKind.DELTA
         _request_amx()
         _kernel_overrides_once()
-        # No chunked prefill on CPU. A prefill cut at the iteration's token budget (late turns of a
-        # long conversation, a hundred of them at once) samples a token it then discards, and vLLM
-        # rewinds the request's seeded generator by its offset: CPU generators have none, and the
-        # RuntimeError ("CPU Generator does not use offset") failed the whole iteration, every request
-        # in it (seen: 361 of 384 six-turn trajectories). Unchunked, a prefill that does not fit waits
-        # for the next iteration whole; the budget must then hold the longest one.
-        chunked = not current_platform.is_cpu()
-        budget = None if chunked else max(max_model_len, SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS)
-        args = EngineArgs(
-            model=model_dir,
-            dtype=cfg.dtype,
-            enforce_eager=True,
-            max_model_len=max_model_len,
-            max_num_seqs=cfg.max_num_seqs,
-            seed=seed,
-            enable_prefix_caching=True,
-            # Log-probs of the distribution actually sampled from (after temperature/top-p), so the
-            # trainer's importance ratios compare like with like.
-            logprobs_mode="processed_logprobs",
-            gpu_memory_utilization=cfg.gpu_memory_utilization,
-            enable_sleep_mode=sleep_mode,
-            enable_chunked_prefill=None if chunked else False,  # None: vLLM's default
-            max_num_batched_tokens=budget,
-            num_gpu_blocks_override=num_kv_blocks,
-        )
+        args = EngineArgs(**engine_kwargs(model_dir, cfg, max_model_len, seed, enable_sleep_mode=sleep_mode,
+                                          num_gpu_blocks_override=num_kv_blocks))
         self.can_sleep = sleep_mode
         self._engine = LLMEngine.from_engine_args(args)
         hf_config = self._engine.vllm_config.model_config.hf_config
@@ -162,15 +173,12 @@ class VllmEngine:
         return self._version
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], spec: SamplingSpec):
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
-
         room = self.max_model_len - len(prompt_token_ids)
         if room < 1:
             raise PromptTooLongError(
                 f"prompt of {len(prompt_token_ids)} tokens leaves no room in max_model_len={self.max_model_len}",
                 request_id=request_id, prompt_tokens=len(prompt_token_ids))
-        params = SamplingParams(
+        params = self._params(
             max_tokens=min(spec.max_tokens, room),
             temperature=spec.temperature,
             top_p=spec.top_p,
@@ -178,7 +186,7 @@ class VllmEngine:
             seed=spec.seed,
             logprobs=0,  # the sampled token's log-prob only
             detokenize=False,  # we decode with our own tokenizer
-            output_kind=RequestOutputKind.DELTA,
+            output_kind=self._delta,
         )
         try:
             self._engine.add_request(request_id, {"prompt_token_ids": list(prompt_token_ids)}, params)

@@ -50,7 +50,7 @@ class RoseWorker(WorkerPlugin):
         self.elastic = elastic  # started on demand by the elastic baseline's scaler (shown on the dashboard)
         # Shares its device with the trainer: the placement plugin gives it no rollouts while a train step runs.
         self.colocated = colocated
-        self.max_slots = max_slots  # dedicated role: rollout sequences at once (None: the engine's max_num_seqs)
+        self.max_slots = max_slots  # dedicated role: rollout sequences at once (None: twice the engine's max_num_seqs)
         self.serving = serving  # serving role: the model it serves online, its HTTP endpoint and SLO
         self.slot_cap: int | None = None  # an operator's limit on the slots reported (0 drains the worker)
         self.address: str | None = None
