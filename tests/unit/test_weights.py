@@ -83,12 +83,11 @@ def test_delta_with_bad_bytes_is_refused():
     assert d is not None
     assert bytes(delta.verified_apply(base, d, "float32")) == bytes(new)
     for i in range(len(d.values)):  # any byte flipped in the compressed changes: refused, never applied
-        corrupt = delta.Delta(d.base, d.target, d.positions, d.values[:i] + bytes([d.values[i] ^ 1]) + d.values[i + 1:],
-                              d.raw_sizes)
+        corrupt = delta.Delta(d.base, d.target, d.positions, d.values[:i] + bytes([d.values[i] ^ 1]) + d.values[i + 1:])
         assert delta.verified_apply(base, corrupt, "float32") is None
     far = delta.encode(np.zeros(20_000, np.float32).tobytes(), np.eye(1, 20_000, 19_999, dtype=np.float32).tobytes(),
                        "float32", "a", "b")
-    bad_pos = delta.Delta(d.base, d.target, far.positions, d.values, (far.raw_sizes[0], d.raw_sizes[1]))
+    bad_pos = delta.Delta(d.base, d.target, far.positions, d.values)
     assert delta.verified_apply(base, bad_pos, "float32") is None
 
 

@@ -3,68 +3,88 @@
 An RL step at a small learning rate changes few elements of a bf16 shard (most fp32 updates round
 away), so a changed shard travels as (positions, changes) when that is smaller than the shard.
 Elements are compared as unsigned integers of their width: bit-exact, NaN-safe, -0.0 != +0.0.
-Why this coding: positions go as gaps (small numbers where changes are sparse) and each change as
-the difference of the element's integer bits, which for a float nudged by a small update is a step
-of one or two units in the last place: one byte per gap (`gaps_encode`) and the narrowest integer
-width that holds every difference (int8 up to int64), then zstd. About one byte per changed element in all, against
-2 bytes per element for the dense shard and 6 for a plain (int32 index, bf16 value) pair; decoding
-is a cumulative sum and one scatter, so a receiver applies a 1 MiB shard in well under a millisecond.
+
+Why this coding: it is built to sit near the entropy of the change (`bound.py`). Positions: which
+elements changed is close to independent draws at the shard's density p, so the gaps between them
+are close to geometric, and a Golomb-Rice code (`intcode.py`) is within about 1 % of n * H2(p).
+Changes: each is the difference of the element's integer bits, new - old. For a float nudged by a
+small update that is one unit in the last place either way in about 89 % of cases (sign and size
+independent, the sign a fair coin), so a change costs its sign as one raw bit, and which changes
+are larger than one unit, and by how much, go as Rice-coded gaps among the changes and an
+Exp-Golomb code of (size - 2). Measured on real AdamW steps at lr 1e-6 (101 M parameters, bf16,
+1 MiB shards, 2.3 % of elements changed): 1.01 x the entropy bound, 1.10 bytes per changed element
+(positions 0.86, changes 0.24), against 1.44 bytes (1.32 x the bound) for the zstd-compressed byte
+gaps and int8/int16 differences this replaced: zstd's Huffman stage spends at least one bit per
+byte-symbol, and the changes' entropy is 1.9 bits. On the 0.55 M default model, whose shards are
+small, 1.04 x (the 15 bytes of stream headers per shard weigh more there). Decoding is whole-array
+numpy, as fast as the zstd coding was: a receiver applies a 1 MiB shard in about 0.3 ms.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
-import pyarrow as pa
 import torch
 
+from rose.runtime.weights.intcode import exp_golomb_decode, exp_golomb_encode, rice_decode, rice_encode
 from rose.runtime.weights.shards import shard_hash, uint_view
-
-_ZSTD = pa.Codec("zstd", compression_level=1)
 
 
 @dataclass(frozen=True)
 class Delta:
     base: str  # hash of the shard version this applies to
     target: str  # hash of the result
-    positions: bytes  # zstd(gaps_encode(changed element indices))
-    values: bytes  # zstd(new bits - old bits, per changed element in index order, int8/16/32)
-    raw_sizes: tuple[int, int]  # byte lengths of the two streams before compression
+    positions: bytes  # `gaps_encode(changed element indices)`
+    values: bytes  # `changes_encode(new bits - old bits)`, per changed element in index order
 
     @property
     def nbytes(self) -> int:
-        return len(self.positions) + len(self.values) + 16  # + the two sizes
+        return len(self.positions) + len(self.values)  # each stream carries its own counts
 
     def to_wire(self) -> dict:
-        return {"base": self.base, "positions": self.positions, "values": self.values, "sizes": list(self.raw_sizes)}
+        return {"base": self.base, "positions": self.positions, "values": self.values}
 
     @classmethod
     def from_wire(cls, target: str, d: dict) -> "Delta":
-        return cls(d["base"], target, d["positions"], d["values"], tuple(d["sizes"]))
+        return cls(d["base"], target, d["positions"], d["values"])
 
 
 def gaps_encode(idx: np.ndarray) -> bytes:
-    """Sorted element indices -> one byte per gap; a gap of 255 or more is written as runs of 255
-    (each adding 255) ending in a byte below 255. Decoding is then one cumulative sum."""
-    gaps = np.diff(np.asarray(idx, dtype=np.int64), prepend=0)
-    runs = gaps // 255
-    out = np.full(int((runs + 1).sum()), 255, np.uint8)
-    out[np.cumsum(runs + 1) - 1] = gaps % 255
-    return out.tobytes()
+    """Sorted distinct element indices -> the Rice code of the gaps between them (zeros skipped)."""
+    return rice_encode(np.diff(np.asarray(idx, np.int64), prepend=-1) - 1)
 
 
 def gaps_decode(data: bytes) -> np.ndarray:
-    b = np.frombuffer(data, np.uint8)
-    if b.size and b[-1] == 255:
-        raise ValueError("truncated position stream")
-    return np.cumsum(b, dtype=np.int64)[b != 255]
+    gaps, end = rice_decode(data, 0)
+    if end != len(data):
+        raise ValueError(f"position stream of {len(data)} bytes ends at {end}")
+    return np.cumsum(gaps + 1) - 1
 
 
-def _narrowest(d: np.ndarray) -> np.ndarray:
-    for t in (np.int8, np.int16, np.int32):
-        if d.size == 0 or (d.min() >= np.iinfo(t).min and d.max() <= np.iinfo(t).max):
-            return d.astype(t)
-    return d
+def changes_encode(diffs: np.ndarray) -> bytes:
+    """Nonzero integer differences -> their signs (one bit each), then the sizes that are not 1, minus 2
+    (Exp-Golomb), then where among the differences those are (`gaps_encode`)."""
+    size = np.abs(diffs)
+    big = np.flatnonzero(size != 1)
+    return np.packbits(diffs < 0).tobytes() + exp_golomb_encode(size[big] - 2) + gaps_encode(big)
+
+
+def changes_decode(data: bytes, count: int) -> np.ndarray:
+    nsign = (count + 7) // 8
+    if len(data) < nsign:
+        raise ValueError(f"change stream of {len(data)} bytes for {count} changes")
+    negative = np.unpackbits(np.frombuffer(data, np.uint8, nsign)).view(bool)
+    if negative[count:].any():
+        raise ValueError("nonzero padding after the signs")
+    negative = negative[:count]
+    sizes, off = exp_golomb_decode(data, nsign)
+    gaps, off = rice_decode(data, off)
+    big = np.cumsum(gaps + 1) - 1
+    if off != len(data) or sizes.size != big.size or (big.size and big[-1] >= count):
+        raise ValueError(f"change stream does not match {count} changes")
+    size = np.ones(count, np.int64)
+    size[big] = sizes + 2
+    return np.where(negative, -size, size)
 
 
 def changed_indices(base, new, dtype: str) -> np.ndarray:
@@ -79,34 +99,23 @@ def encode(base, new, dtype: str, base_hash: str, target_hash: str) -> Delta | N
     idx = changed_indices(base, new, dtype)
     if idx.size * 2 >= uint_view(new, dtype).size:  # over half the elements changed: dense wins
         return None
-    old_bits = uint_view(base, dtype)[idx].astype(np.int64)
-    new_bits = uint_view(new, dtype)[idx].astype(np.int64)
-    raw_pos = gaps_encode(idx)
-    raw_val = _narrowest(new_bits - old_bits).tobytes()
-    d = Delta(base_hash, target_hash, _ZSTD.compress(raw_pos, asbytes=True), _ZSTD.compress(raw_val, asbytes=True),
-              (len(raw_pos), len(raw_val)))
+    # Plain differences of the unsigned bits (elements are at most 4 bytes: they fit in int64).
+    diffs = uint_view(new, dtype)[idx].astype(np.int64) - uint_view(base, dtype)[idx].astype(np.int64)
+    d = Delta(base_hash, target_hash, gaps_encode(idx), changes_encode(diffs))
     return d if d.nbytes < len(new) else None
 
 
 def apply(base, delta: Delta, dtype: str, out=None):
     """Base bytes + delta -> new bytes, written into `out` (a writable buffer of the base's size) or a
     new bytearray. The caller verifies the result's hash (`verified_apply`)."""
-    try:
-        raw_pos = _ZSTD.decompress(delta.positions, decompressed_size=delta.raw_sizes[0], asbytes=True)
-        raw_val = _ZSTD.decompress(delta.values, decompressed_size=delta.raw_sizes[1], asbytes=True)
-    except (OSError, pa.ArrowException) as e:
-        raise ValueError(f"delta streams do not decompress: {e}") from None
+    idx = gaps_decode(delta.positions)
+    diffs = changes_decode(delta.values, idx.size)
     if out is None:
         out = bytearray(base)
     else:
         if len(out) != len(base):
             raise ValueError(f"output buffer of {len(out)} bytes for a shard of {len(base)}")
         memoryview(out).cast("B")[:] = memoryview(base).cast("B")
-    idx = gaps_decode(raw_pos)
-    width = len(raw_val) // idx.size if idx.size else 1
-    if width not in (1, 2, 4, 8) or width * idx.size != len(raw_val):
-        raise ValueError(f"delta has {idx.size} positions and {len(raw_val)} bytes of changes")
-    diffs = np.frombuffer(raw_val, {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}[width])
     view = np.frombuffer(out, dtype=uint_view(b"", dtype).dtype)
     if idx.size and int(idx[-1]) >= view.size:
         raise ValueError(f"delta position {int(idx[-1])} beyond a shard of {view.size} elements")
