@@ -152,8 +152,9 @@ def test_cli_run_prints_the_json_summary_last(cluster, tmp_path):
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     summary = json.loads(out.stdout.strip().splitlines()[-1])
-    assert set(summary) == {"pipeline", "steps", "reward_first5", "reward_last5", "trajectories", "failed", "lost",
-                            "duplicated", "workers_lost", "trainer_restarts", "shards_refetched", "logprob_mismatch"}
+    assert set(summary) == {"pipeline", "steps", "reward_first5", "reward_last5", "reward_first10", "reward_last10",
+                            "steps_s", "trajectories", "failed", "lost", "duplicated", "workers_lost",
+                            "trainer_restarts", "shards_refetched", "logprob_mismatch"}
     assert summary["steps"] == 1 and summary["trajectories"] == 128 and summary["lost"] == 0
     for f in ("metrics.csv", "trajectories.parquet", "summary.json", "reward.png"):
         assert (tmp_path / "run" / f).stat().st_size > 0

@@ -22,3 +22,16 @@ def test_failed_trajectories_count_as_zero_reward():
 def test_a_step_without_failures_averages_its_rewards():
     row = step_row(0, 1, _table([1.0, 0.0, 0.5, 0.5], [False] * 4), {}, 1.0, 1.0, 0.1)
     assert row["failed"] == 0 and row["reward_mean"] == 0.5
+
+
+def test_the_summary_compares_five_and_ten_step_blocks():
+    import pandas as pd
+
+    from rose.report import STEP_COLUMNS, Report
+
+    rows = [{c: 0.0 for c in STEP_COLUMNS} | {"step": s, "reward_mean": s / 100, "step_s": 1.5} for s in range(30)]
+    report = Report("guess", pd.DataFrame(rows, columns=STEP_COLUMNS), _table([], []), 0, 0)
+    s = report.summary
+    assert s["steps"] == 30 and s["steps_s"] == 45.0
+    assert s["reward_first5"] == 0.02 and s["reward_last5"] == 0.27  # steps 0-4, 25-29
+    assert s["reward_first10"] == 0.045 and s["reward_last10"] == 0.245  # steps 0-9, 20-29
