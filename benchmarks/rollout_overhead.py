@@ -47,6 +47,7 @@ def serve_direct(model_dir, engine_cfg, max_len, n, seed):
     from vllm import LLM, SamplingParams
 
     from rose.envs import make_env
+    from rose.ops.rollout import encode
     from rose.runtime.engine.vllm_engine import engine_kwargs
 
     llm = LLM(**engine_kwargs(model_dir, engine_cfg, max_len, seed))  # ROSE's engine, argument for argument
@@ -57,7 +58,7 @@ def serve_direct(model_dir, engine_cfg, max_len, n, seed):
         r = int(line.split()[1])
         specs = episodes(r, n, seed)
         envs = [make_env(s.env) for s in specs]
-        ctx = [[tok.bos_token_id] + tok(e.reset(s.env_seed), add_special_tokens=False)["input_ids"]
+        ctx = [[tok.bos_token_id] + encode(tok, e.reset(s.env_seed))
                for e, s in zip(envs, specs)]
         alive = list(range(len(specs)))
         gen_tokens = 0
@@ -74,7 +75,7 @@ def serve_direct(model_dir, engine_cfg, max_len, n, seed):
                 ids = list(o.outputs[0].token_ids)
                 gen_tokens += len(ids)
                 res = envs[i].step(tok.decode(ids, skip_special_tokens=True))
-                ctx[i] += ids + (tok(res.observation, add_special_tokens=False)["input_ids"] if res.observation else [])
+                ctx[i] += ids + encode(tok, res.observation)
                 if not res.done and turn + 1 < envs[i].max_turns:
                     still.append(i)
             alive = still
@@ -185,6 +186,8 @@ def main():
     ap.add_argument("--trajectories", type=int, default=None, help="episodes per round (multiple of 8)")
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--batch-hold-ms", type=float, default=None,
+                    help="EngineConfig.batch_hold_ms of ROSE's engine [default: EngineConfig's]")
     ap.add_argument("--direct-only", action="store_true", help=argparse.SUPPRESS)  # internal: the baseline's process
     args = ap.parse_args()
     n = args.trajectories or (64 if args.quick else 256)
@@ -196,7 +199,7 @@ def main():
     from rose.runtime.engine.vllm_engine import configure_vllm_env
 
     model_cfg = ModelConfig()
-    engine_cfg = EngineConfig()
+    engine_cfg = EngineConfig() if args.batch_hold_ms is None else EngineConfig(batch_hold_ms=args.batch_hold_ms)
     model_dir = prepare_model(model_cfg, env_class("guess"), seed=args.seed)
     if args.direct_only:
         configure_vllm_env(engine_cfg, [CORE])

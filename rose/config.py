@@ -60,8 +60,10 @@ class EngineConfig:
     top_p: float = 1.0
     rollout_slots: int = 128  # concurrent rollout tasks per worker (Dask threads; they mostly wait)
     # After an iteration that finished many turns, wait up to this long for the next turns to come
-    # back before stepping a much smaller batch (ms; 0: step at once). See rose/runtime/engine/batching.py.
-    batch_hold_ms: float = 30.0
+    # back before stepping a much smaller batch (ms; 0: step at once). Off by default: it pays where a
+    # worker's slots do not exceed the engine's batch, and cost throughput with the default slots
+    # (twice the batch). See rose/runtime/engine/batching.py.
+    batch_hold_ms: float = 0.0
     # A policy turn not answered in this long fails its trajectory with the reason, instead of waiting
     # forever on an engine that stalled (s; it includes queueing behind other requests).
     request_timeout_s: float = 600.0

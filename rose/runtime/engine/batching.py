@@ -13,6 +13,13 @@ arrivals have stopped for `quiet_s` (the other trajectories ended), or `max_s` h
 
 The decision is a pure function of what the loop knows (`hold_s`); the loop waits on its command
 queue, so an arriving request ends the wait early and the decision is taken again.
+
+When it pays (benchmarks/rollout_overhead.py, 256 episodes a round): with as many live trajectories as
+the batch, it took a round from 41 to 36 iterations. With the default slots (twice the batch, a queue
+in the engine refills it) it saves no iteration, and its waits at the end of a round, where the
+turns that finished are the episodes' last, cost throughput: ratio 0.63 with a 30 ms hold against
+0.66 without, in alternating runs (asynchronous rounds 0.59 against 0.66). So
+`EngineConfig.batch_hold_ms` is 0 (off) by default; set it for workers held to at most the batch.
 """
 from __future__ import annotations
 
