@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import random
+import sys
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -55,6 +56,18 @@ class Env(Protocol):
 def is_inline(cls: type) -> bool:
     """Whether environment class `cls` itself declares `inline = True` (inherited does not count)."""
     return vars(cls).get("inline") is True
+
+
+def inline_by_name(name: str) -> bool:
+    """Whether environment `name` declared its calls instant (`is_inline`). Only a class whose module is
+    loaded already is asked (importing a user's module is itself a call that may block), and any error
+    leaves the answer to the construction call, which reports it."""
+    if ":" in name and name.partition(":")[0] not in sys.modules:
+        return False
+    try:
+        return is_inline(env_class(name))
+    except Exception:
+        return False
 
 
 def replay(env: Env, seed: int, actions: list[str]) -> tuple[str, list[StepResult]]:

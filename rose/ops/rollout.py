@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import json
 import reprlib
-import sys
 import time
 import traceback
 import zlib
@@ -30,9 +29,10 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from rose.errors import EngineError, EnvError, PromptTooLongError
-from rose.envs.base import StepResult, is_inline, replay
+from rose.envs.base import StepResult, inline_by_name, is_inline, replay
 from rose.envs.deadline import DeadlineExceeded, call_with_deadline
 from rose.ops.reward import as_reward
+from rose.ops.tokens import encode
 from rose.runtime.engine.base import SamplingSpec
 from rose.runtime.protocol import Annotation
 from rose.runtime.trajectory import Trajectory, to_batch, trajectory_id
@@ -65,19 +65,6 @@ class RolloutSpec:
 
     def turn_seed(self, turn: int) -> int:
         return zlib.crc32(f"{self.seed}/{self.trajectory_id}/{turn}".encode())
-
-
-def encode(tokenizer, text: str) -> list[int]:
-    """Token ids of an observation, no special tokens. A transformers fast tokenizer is asked through
-    its Rust tokenizer directly: the same ids, without the Python wrapper that was a third of a
-    rollout worker's event-loop time per turn (py-spy, guess). Other tokenizers are called as usual."""
-    if not text:
-        return []
-    rust = getattr(tokenizer, "_tokenizer", None)
-    fast = getattr(tokenizer, "is_fast", False) and not getattr(tokenizer, "split_special_tokens", False)
-    if rust is not None and fast:
-        return rust.encode(text, add_special_tokens=False).ids
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 @dataclass
@@ -239,20 +226,6 @@ async def agent_loop(spec: RolloutSpec, env, engine_loop, tokenizer, max_model_l
     return traj
 
 
-def _inline(name: str) -> bool:
-    """Whether environment `name` declared its calls instant (`Env.inline`). Only a class whose module
-    is loaded already is asked (importing a user's module is itself a call that may block), and any
-    error leaves the answer to the construction call, which reports it."""
-    from rose.envs import env_class
-
-    if ":" in name and name.partition(":")[0] not in sys.modules:
-        return False
-    try:
-        return is_inline(env_class(name))
-    except Exception:
-        return False
-
-
 async def _one(spec: RolloutSpec, w, state, stop) -> Trajectory | Partial:
     from rose.envs import make_env
 
@@ -260,7 +233,7 @@ async def _one(spec: RolloutSpec, w, state, stop) -> Trajectory | Partial:
         return state
     try:
         env = await env_call(spec, "construction", None, lambda: make_env(spec.env, **spec.env_kwargs),
-                             inline=_inline(spec.env))
+                             inline=inline_by_name(spec.env))
     except EnvError as e:
         traj = spec.trajectory(finish_reason="failed", error=_reason(e))
     else:

@@ -4,8 +4,9 @@ Shared by the engine loop (one rollout engine) and the co-serving executor (a se
 engine). The engines are built on the thread itself, so their per-thread settings (vLLM's CPU thread
 binding, OpenMP thread count) apply to the thread that runs their kernels. The thread then alternates:
 apply the commands that arrived, do one unit of work (an engine iteration), and sleep when there is
-neither (or, when the subclass says so, wait briefly for more commands before the next unit). Commands are applied in order, between iterations; one that cannot apply yet (a weight swap
-while requests are in flight) is put back with everything after it.
+neither (or, when the subclass says so, wait briefly for more commands before the next unit).
+Commands are applied in order, between iterations; one that cannot apply yet (a weight swap while
+requests are in flight) is put back with everything after it.
 """
 from __future__ import annotations
 

@@ -1,0 +1,15 @@
+"""Observation text to token ids, on the rollout's hot path."""
+from __future__ import annotations
+
+
+def encode(tokenizer, text: str) -> list[int]:
+    """Token ids of an observation, no special tokens. A transformers fast tokenizer is asked through
+    its Rust tokenizer directly: the same ids, without the Python wrapper that was a third of a
+    rollout worker's event-loop time per turn (py-spy, guess). Other tokenizers are called as usual."""
+    if not text:
+        return []
+    rust = getattr(tokenizer, "_tokenizer", None)
+    fast = getattr(tokenizer, "is_fast", False) and not getattr(tokenizer, "split_special_tokens", False)
+    if rust is not None and fast:
+        return rust.encode(text, add_special_tokens=False).ids
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
