@@ -24,6 +24,8 @@ from collections.abc import Mapping
 import numpy as np
 import pyarrow as pa
 
+from rose.envs.tokens import encode
+
 # Columns a replay reads. `env_kwargs` (a JSON object per row) is read when present, see
 # `check_provenance`.
 _COLUMNS = ("trajectory_id", "env", "env_seed", "token_ids", "logprobs", "loss_mask", "weight_versions",
@@ -134,11 +136,6 @@ def _no_copied_turn(row: dict, turns: list[tuple[int, int, int]]) -> None:
         seen[key] = t
 
 
-def _encode(tokenizer, text: str) -> list[int]:
-    # As the agent loop encodes observations (rose/ops/rollout.py): no special tokens; "" is no tokens.
-    return tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
-
-
 def _first_difference(recorded: list[int], replayed: list[int], at: int, tokenizer) -> str:
     k = next((j for j, (a, b) in enumerate(zip(recorded, replayed)) if a != b), min(len(recorded), len(replayed)))
 
@@ -161,7 +158,7 @@ def _replay(row: dict, turns: list[tuple[int, int, int]], tokenizer, kwargs: dic
         raise _Mismatch(f"cannot replay: environment {env_name!r} with kwargs {kwargs} failed to start: "
                         f"{type(e).__name__}: {e}") from None
     bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
-    prompt, recorded = bos + _encode(tokenizer, first), tokens[:turns[0][0]] if turns else tokens
+    prompt, recorded = bos + encode(tokenizer, first), tokens[:turns[0][0]] if turns else tokens
     if prompt != recorded:
         raise _Mismatch(f"the prompt is not the environment's first observation "
                         f"{_first_difference(recorded, prompt, 0, tokenizer)}")
@@ -178,7 +175,7 @@ def _replay(row: dict, turns: list[tuple[int, int, int]], tokenizer, kwargs: dic
         except Exception as e:
             raise _Mismatch(f"replay of turn {t} (action {action!r}) raised {type(e).__name__}: {e}") from None
         paid += float(result.reward)
-        expected = _encode(tokenizer, result.observation)
+        expected = encode(tokenizer, result.observation)
         if tokens[gen_end:stop] != expected:
             raise _Mismatch(f"the observation after turn {t} is not what the environment answers to {action!r} "
                             f"{_first_difference(tokens[gen_end:stop], expected, gen_end, tokenizer)}")

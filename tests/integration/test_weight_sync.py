@@ -31,14 +31,14 @@ def two_site_cluster():
 
 
 def _greedy(prompts):
-    from rose.ops.rollout import _encode
+    from rose.envs.tokens import encode
     from rose.runtime.engine import SamplingSpec
     from rose.runtime.worker.plugin import rose_worker
 
     w = rose_worker()
     out = []
     for p in prompts:  # one at a time: the reference does the same
-        ids = [w.host.tokenizer.bos_token_id] + _encode(w.host.tokenizer, p)
+        ids = [w.host.tokenizer.bos_token_id] + encode(w.host.tokenizer, p)
         gen = w.host.engine.generate(ids, SamplingSpec(max_tokens=12, temperature=0.0)).result()
         out.append(gen.token_ids)
     return {"version": w.host.engine.weight_version, "tokens": out}

@@ -1,4 +1,5 @@
-"""Observation text to token ids, on the rollout's hot path."""
+"""Observation text to token ids: how the agent loop encodes what environments say (on the rollout's
+hot path), and how a provenance check replays it."""
 from __future__ import annotations
 
 
