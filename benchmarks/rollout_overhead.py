@@ -68,7 +68,7 @@ def serve_direct(model_dir, engine_cfg, max_len, n, seed):
                 break
             params = [SamplingParams(max_tokens=envs[i].max_action_tokens, temperature=specs[i].temperature,
                                      stop_token_ids=stops, seed=specs[i].turn_seed(turn), logprobs=0,
-                                     detokenize=False) for i in alive]
+                                     detokenize=False, skip_clone=True) for i in alive]
             outs = llm.generate([{"prompt_token_ids": ctx[i]} for i in alive], params, use_tqdm=False)
             still = []
             for i, o in zip(alive, outs):

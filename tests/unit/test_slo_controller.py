@@ -99,7 +99,10 @@ def test_a_slow_running_batch_is_shed_newest_first():
     ctl = SloController(SloConfig(ttft_ms=1000, tpot_ms=40, margin=0.0), serving_model=_model(2.0, 0.1),
                         rollout_model=slow)
     running = tuple(RolloutSeq(f"r{i}", 5, admitted_at=i) for i in range(60))
-    plan = ctl.plan(ServingView(decoding=10), RolloutView(running))
+    for waited in range(ctl.slo.rollout_waits):  # first it waits for a lighter serving step, keeping all
+        plan = ctl.plan(ServingView(decoding=10), RolloutView(running, waited=waited))
+        assert not plan.rollout_step and not plan.rollout_preempt and "waits" in plan.reason
+    plan = ctl.plan(ServingView(decoding=10), RolloutView(running, waited=ctl.slo.rollout_waits))
     assert plan.rollout_step and plan.rollout_ms <= plan.budget_ms
     assert plan.rollout_preempt and plan.rollout_preempt[0] == "r59"
 

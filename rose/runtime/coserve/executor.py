@@ -73,6 +73,7 @@ class CoServingExecutor(CommandThread):
         # State changes with their cause, newest last: (iteration, kind, request id or version, cause).
         self.events: deque = deque(maxlen=2000)
         self._asleep = False  # the rollout engine gave its device memory back (GPU co-serving)
+        self._waited = 0  # iterations in a row with rollout sequences running but not stepped
         self._last_serving_step: tuple[float, float, float] | None = None  # (start, serving ms, rollout ms)
         # Counters (written by the loop thread): iterations, preemptions, tokens by kind, weight-load slices.
         self.stats = dict.fromkeys(("iterations", "preemptions", "rollout_tokens", "serving_tokens", "rollout_steps",
@@ -189,7 +190,7 @@ class CoServingExecutor(CommandThread):
             # The rollout engine's own cache bounds what may run in it: what is free plus what the
             # running sequences hold.
             **({"kv_available_tokens": rkv.free_tokens + sum(q.kv_tokens for q in running)} if rkv else {}),
-            can_sleep=bool(getattr(self.rollout, "can_sleep", False)), asleep=self._asleep)
+            can_sleep=bool(getattr(self.rollout, "can_sleep", False)), asleep=self._asleep, waited=self._waited)
         return serving, rollout
 
     def _work(self) -> None:  # one iteration
@@ -229,6 +230,7 @@ class CoServingExecutor(CommandThread):
             rollout_ms = self.swaps.advance(min(plan.budget_ms - serving_ms + plan.serving_ms, cap))
         elif plan.rollout_step and self._running:
             rollout_ms = self._step_rollout(plan.rollout_tokens)
+        self._waited = 0 if rollout_ms or not self._running else self._waited + 1
         # The period a decoding serving request sees: from one serving step to the next.
         if serving_ms and self._last_serving_step is not None:
             start, s_ms, r_ms = self._last_serving_step

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from rose.errors import config_check
+from rose.runtime.coserve.outbox import Outbox
 from rose.runtime.coserve.histogram import TPOT_BUCKETS_MS, TTFT_BUCKETS_MS, Histogram
 from rose.runtime.coserve.slo import SloConfig
 from rose.runtime.engine.base import SamplingSpec
@@ -86,6 +87,7 @@ class ServingFrontend:
         self.aborted = 0
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
+        self._outbox: Outbox | None = None  # the executor's deltas to this loop, a wake-up per batch
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.limits.max_body_bytes)
@@ -216,9 +218,10 @@ class ServingFrontend:
         except ClientGone:
             self.rejected += 1
             return web.Response(status=400)  # never read: the client is gone
-        loop = asyncio.get_running_loop()
+        if self._outbox is None or self._outbox.loop is not asyncio.get_running_loop():
+            self._outbox = Outbox(asyncio.get_running_loop())
         q: asyncio.Queue = asyncio.Queue()
-        req = self.executor.serve(ids, spec, on_delta=lambda *d: loop.call_soon_threadsafe(q.put_nowait, d))
+        req = self.executor.serve(ids, spec, on_delta=lambda *d: self._outbox.put(q.put_nowait, d))
         rid = f"cmpl-{req.request_id}"
         tokens: list[int] = []
         t_first = None

@@ -14,8 +14,11 @@ iteration the controller
 4. admits waiting rollout sequences while the predicted rollout step stays within what is left, and
    while the rollout in-flight caps (sequences, KV tokens: the memory budget) hold; with no serving
    request in the engine, the caps alone bind;
-5. preempts running rollout sequences, newest first, when even the running batch does not fit or
-   serving needs their KV memory. Preempted sequences keep their tokens and resume later.
+5. when the running rollout batch does not fit beside this iteration's serving step, lets it wait
+   (no rollout step: a sequence that is not stepped costs no time) for up to `rollout_waits`
+   iterations in a row, since serving steps swing with the prefills that arrive; then preempts running
+   sequences, newest first, until the batch fits. Serving's need for KV memory preempts at once.
+   Preempted sequences keep their tokens and resume later, but resuming recomputes their context.
 
 `SloController.plan` returns an `IterationPlan`, a plain record; the executor only applies it.
 """
@@ -36,6 +39,9 @@ class SloConfig:
     attainment: float = 0.99  # fraction of requests that must meet both
     margin: float = 0.15  # fraction of the TPOT budget rollout may never use (prediction error)
     ttft_guard: float = 0.5  # a waiting request older than this fraction of ttft_ms stops rollout steps
+    # Iterations in a row a running rollout batch too slow for this iteration's budget may wait before
+    # its newest sequences are preempted (a preemption costs an admission and a recomputed context).
+    rollout_waits: int = 3
 
     def __post_init__(self):
         c = "SloConfig"
@@ -45,6 +51,8 @@ class SloConfig:
         config_check(0 < self.attainment <= 1, c, "attainment", self.attainment, "in (0, 1]")
         config_check(0 <= self.margin < 1, c, "margin", self.margin, "in [0, 1)")
         config_check(0 < self.ttft_guard <= 1, c, "ttft_guard", self.ttft_guard, "in (0, 1]")
+        config_check(isinstance(self.rollout_waits, int) and self.rollout_waits >= 0, c, "rollout_waits",
+                     self.rollout_waits, "an int >= 0")
 
 
 @dataclass(frozen=True)
@@ -141,6 +149,7 @@ class RolloutView:
     kv_available_tokens: int = 1 << 30
     can_sleep: bool = False  # the rollout engine shares device memory and can sleep (vLLM sleep mode)
     asleep: bool = False
+    waited: int = 0  # iterations in a row the running batch was not stepped
 
 
 @dataclass(frozen=True)
@@ -249,7 +258,11 @@ class SloController:
             return done(False, "a serving request is near its TTFT deadline")
         if budget <= 0:
             return done(False, "the serving step alone uses the TPOT budget")
-        # The running batch must fit; otherwise shed the newest until it does (they resume later).
+        # The running batch must fit. A serving step swollen by arriving prefills passes in an iteration
+        # or two: the batch waits that out; past `rollout_waits` the newest go until it fits (they
+        # resume later).
+        if running and self.rollout_model.predict(len(running)) > budget and rollout.waited < self.slo.rollout_waits:
+            return done(False, "the running rollout batch waits for a lighter serving step")
         while running and self.rollout_model.predict(len(running)) > budget:
             preempt.append(running.pop())
             causes[preempt[-1].request_id] = "TPOT budget"
