@@ -99,12 +99,24 @@ def test_a_slow_running_batch_is_shed_newest_first():
     ctl = SloController(SloConfig(ttft_ms=1000, tpot_ms=40, margin=0.0), serving_model=_model(2.0, 0.1),
                         rollout_model=slow)
     running = tuple(RolloutSeq(f"r{i}", 5, admitted_at=i) for i in range(60))
-    for waited in range(ctl.slo.rollout_waits):  # first it waits for a lighter serving step, keeping all
-        plan = ctl.plan(ServingView(decoding=10), RolloutView(running, waited=waited))
+    plan = ctl.plan(ServingView(decoding=10), RolloutView(running))
+    assert plan.rollout_step and plan.rollout_ms <= plan.budget_ms  # too slow even beside decodes alone:
+    assert plan.rollout_preempt and plan.rollout_preempt[0] == "r59"  # waiting cannot help, shed at once
+
+
+def test_a_batch_that_fits_beside_serving_decodes_waits_out_a_prefill_before_any_preemption():
+    ctl = SloController(SloConfig(ttft_ms=1000, tpot_ms=40, margin=0.0), serving_model=_model(2.0, 0.1),
+                        rollout_model=_model(2.0, 1.0))
+    running = tuple(RolloutSeq(f"r{i}", 5, admitted_at=i) for i in range(20))  # 22 ms: fits 40 - 3 ms
+    serving = ServingView(decoding=10, waiting_prompt_tokens=(200,))  # a 200-token prefill: 23 ms serving
+    for waited in range(ctl.slo.rollout_waits):  # the batch waits the prefill out, keeping every sequence
+        plan = ctl.plan(serving, RolloutView(running, waited=waited))
         assert not plan.rollout_step and not plan.rollout_preempt and "waits" in plan.reason
-    plan = ctl.plan(ServingView(decoding=10), RolloutView(running, waited=ctl.slo.rollout_waits))
+    plan = ctl.plan(serving, RolloutView(running, waited=ctl.slo.rollout_waits))  # then the newest go
     assert plan.rollout_step and plan.rollout_ms <= plan.budget_ms
-    assert plan.rollout_preempt and plan.rollout_preempt[0] == "r59"
+    assert plan.rollout_preempt and plan.rollout_preempt[0] == "r19"
+    plan = ctl.plan(ServingView(decoding=10), RolloutView(running))  # the prefill done: all of it runs
+    assert plan.rollout_step and not plan.rollout_preempt
 
 
 def test_latency_model_learns_a_line_and_errs_high():

@@ -14,10 +14,10 @@ iteration the controller
 4. admits waiting rollout sequences while the predicted rollout step stays within what is left, and
    while the rollout in-flight caps (sequences, KV tokens: the memory budget) hold; with no serving
    request in the engine, the caps alone bind;
-5. when the running rollout batch does not fit beside this iteration's serving step, lets it wait
-   (no rollout step: a sequence that is not stepped costs no time) for up to `rollout_waits`
-   iterations in a row, since serving steps swing with the prefills that arrive; then preempts running
-   sequences, newest first, until the batch fits. Serving's need for KV memory preempts at once.
+5. when the running rollout batch does not fit beside this iteration's serving step but would beside
+   its decodes alone, lets it wait (no rollout step: a sequence that is not stepped costs no time) for
+   up to `rollout_waits` iterations in a row, since serving steps swing with the prefills that arrive;
+   otherwise, or after that, preempts running sequences, newest first, until the batch fits. Serving's need for KV memory preempts at once.
    Preempted sequences keep their tokens and resume later, but resuming recomputes their context.
 
 `SloController.plan` returns an `IterationPlan`, a plain record; the executor only applies it.
@@ -261,7 +261,9 @@ class SloController:
         # The running batch must fit. A serving step swollen by arriving prefills passes in an iteration
         # or two: the batch waits that out; past `rollout_waits` the newest go until it fits (they
         # resume later).
-        if running and self.rollout_model.predict(len(running)) > budget and rollout.waited < self.slo.rollout_waits:
+        if (running and self.rollout_model.predict(len(running)) > budget and rollout.waited < self.slo.rollout_waits
+                and self.rollout_model.predict(len(running)) <= budget + s_ms - self.serving_model.predict(serving.decoding)):
+            # it would fit beside the decodes alone: the prefills are what is in the way
             return done(False, "the running rollout batch waits for a lighter serving step")
         while running and self.rollout_model.predict(len(running)) > budget:
             preempt.append(running.pop())
