@@ -250,3 +250,27 @@ def test_serving_short_of_kv_preempts_rollouts_newest_first_and_they_resume():
         assert resumed == set(first)
     finally:
         ex.close()
+
+
+def test_the_rollout_capacity_offered_leaves_room_for_serving_decodes_not_one_prefill():
+    """A long prompt is one iteration's prefill; the offer made to the scheduler counts it as one
+    decoding request, so an arrival burst does not empty the serving worker's slots."""
+    from rose.runtime.coserve.slo import LatencyModel
+
+    class Fixed(LatencyModel):  # the fake engines' instant steps must not teach it otherwise
+        def observe(self, tokens, ms):
+            pass
+
+    # Serving: a 100-token prefill predicts 41 ms, over any 30 ms budget; one decode 1.4 ms.
+    ctl = SloController(SloConfig(ttft_ms=1000, tpot_ms=30), serving_model=Fixed(1.0, 0.4),
+                        rollout_model=Fixed(1.0, 0.5))  # 64 rollout sequences: 33 ms, over budget
+    ex = CoServingExecutor(FakeEngine(), FakeEngine(), ctl)
+    try:
+        assert ex.rollout_capacity == ctl.caps.max_seqs  # no serving load yet
+        served = ex.serve([1 + i % 60 for i in range(100)], SamplingSpec(max_tokens=5))
+        tokens, reason = served.collect(timeout=10)
+        assert len(tokens) == 5 and reason == "length"  # served, prefill and decodes
+        assert 0 < ex.rollout_capacity < ctl.caps.max_seqs  # room left beside one decoding request
+        assert ex.rollout_capacity == ctl.rollout_capacity(1)
+    finally:
+        ex.close()

@@ -79,8 +79,11 @@ class CoServingExecutor(CommandThread):
         self.stats = dict.fromkeys(("iterations", "preemptions", "rollout_tokens", "serving_tokens", "rollout_steps",
                                     "load_slices"), 0)
         self.last_plan = None
-        # Serving tokens a step batched, as a peak that decays by half in ~35 iterations: the load
-        # the rollout capacity offered to the scheduler must leave room for.
+        # Serving requests decoding (or about to, once prefilled), as a peak that decays by half in ~35
+        # iterations: the load the rollout capacity offered to the scheduler leaves room for. Prefill
+        # tokens stay out: a prefill lasts one iteration, which the running rollout batch waits out
+        # (`SloConfig.rollout_waits`); counted in the peak, each arrival burst dipped the offer for a
+        # second or two and the scheduler shed the serving worker's rollouts (0.5 s over its slots).
         self._serving_peak = 0.0
         self._start(name, cores)
 
@@ -195,9 +198,11 @@ class CoServingExecutor(CommandThread):
 
     def _work(self) -> None:  # one iteration
         now = time.perf_counter()
-        plan = self.controller.plan(*self._views(now))
+        serving, rollout = self._views(now)
+        plan = self.controller.plan(serving, rollout)
         self.last_plan = plan
-        self._serving_peak = max(float(plan.serving_tokens), self._serving_peak * 0.98)
+        decodes = serving.decoding + len(serving.waiting_prompt_tokens)
+        self._serving_peak = max(float(decodes), self._serving_peak * 0.98)
         causes = plan.notes.get("preempt_causes", {})
         for eid in plan.rollout_preempt:
             r = self._running.pop(eid)
