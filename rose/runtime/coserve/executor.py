@@ -3,13 +3,12 @@
 Every iteration it asks the `SloController` for a plan and applies it: preempt the rollout sequences
 the plan names (abort them in the engine, keep their tokens), admit the ones it allows, step the
 serving engine, then the rollout engine if the plan says so. Each step's measured time feeds the
-controller's latency model. A preempted rollout sequence later resumes from its prompt plus the
-tokens it had, as a new engine request for what is left; its caller sees one `Generation`.
-
-Rollout callers see a `RolloutEngine`, as on a dedicated worker, so the agent loop runs unchanged on
-a serving worker. Weight loads reach the rollout engine only: the serving model is never a sync target.
-Weight loads are applied in slices that fit the TPOT budget, between serving steps (`swaps.py`).
-The controller sees both engines' real KV caches (vLLM's block pools) every iteration.
+controller's latency model. A preempted rollout sequence later resumes from its prompt plus the tokens
+it had, as a new engine request for what is left; its caller sees one `Generation`. Rollout callers
+see a `RolloutEngine`, as on a dedicated worker, so the agent loop runs unchanged on a serving worker.
+Weight loads reach the rollout engine only (never the serving model), in slices that fit the TPOT
+budget, between serving steps (`swaps.py`). The controller sees both engines' real KV caches (vLLM's
+block pools) every iteration.
 """
 from __future__ import annotations
 
@@ -48,8 +47,7 @@ class _Rollout(PendingRollout):
 
 
 def _kv(engine):  # its `KvState`, or None for an engine with no KV cache to report (FakeEngine): no pressure
-    read = getattr(engine, "kv_state", None)
-    return read() if read is not None else None
+    return engine.kv_state() if hasattr(engine, "kv_state") else None
 
 
 class CoServingExecutor(CommandThread):
@@ -75,15 +73,11 @@ class CoServingExecutor(CommandThread):
         self._asleep = False  # the rollout engine gave its device memory back (GPU co-serving)
         self._waited = 0  # iterations in a row with rollout sequences running but not stepped
         self._last_serving_step: tuple[float, float, float] | None = None  # (start, serving ms, rollout ms)
-        # Counters (written by the loop thread): iterations, preemptions, tokens by kind, weight-load slices.
         self.stats = dict.fromkeys(("iterations", "preemptions", "rollout_tokens", "serving_tokens", "rollout_steps",
-                                    "load_slices"), 0)
+                                    "load_slices"), 0)  # counters, written by the loop thread
         self.last_plan = None
-        # Serving requests decoding (or about to, once prefilled), as a peak that decays by half in ~35
-        # iterations: the load the rollout capacity offered to the scheduler leaves room for. Prefill
-        # tokens stay out: a prefill lasts one iteration, which the running rollout batch waits out
-        # (`SloConfig.rollout_waits`); counted in the peak, each arrival burst dipped the offer for a
-        # second or two and the scheduler shed the serving worker's rollouts (0.5 s over its slots).
+        # Serving requests decoding or about to (a peak halving in ~35 iterations): what the rollout capacity
+        # offered leaves room for. Not prefill tokens: the running batch waits a prefill out (rollout_waits).
         self._serving_peak = 0.0
         self._start(name, cores)
 
