@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from rose.errors import config_check
-from rose.runtime.coserve.outbox import Outbox
 from rose.runtime.coserve.histogram import TPOT_BUCKETS_MS, TTFT_BUCKETS_MS, Histogram
+from rose.runtime.coserve.outbox import Outbox
 from rose.runtime.coserve.slo import SloConfig
 from rose.runtime.engine.base import SamplingSpec
 

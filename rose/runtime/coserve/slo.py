@@ -17,8 +17,9 @@ iteration the controller
 5. when the running rollout batch does not fit beside this iteration's serving step but would beside
    its decodes alone, lets it wait (no rollout step: a sequence that is not stepped costs no time) for
    up to `rollout_waits` iterations in a row, since serving steps swing with the prefills that arrive;
-   otherwise, or after that, preempts running sequences, newest first, until the batch fits. Serving's need for KV memory preempts at once.
-   Preempted sequences keep their tokens and resume later, but resuming recomputes their context.
+   otherwise, or after that, preempts running sequences, newest first, until the batch fits. Serving's
+   need for KV memory preempts at once. Preempted sequences keep their tokens and resume later, but
+   resuming recomputes their context.
 
 `SloController.plan` returns an `IterationPlan`, a plain record; the executor only applies it.
 """
@@ -259,11 +260,11 @@ class SloController:
         if budget <= 0:
             return done(False, "the serving step alone uses the TPOT budget")
         # The running batch must fit. A serving step swollen by arriving prefills passes in an iteration
-        # or two: the batch waits that out; past `rollout_waits` the newest go until it fits (they
-        # resume later).
-        if (running and self.rollout_model.predict(len(running)) > budget and rollout.waited < self.slo.rollout_waits
-                and self.rollout_model.predict(len(running)) <= budget + s_ms - self.serving_model.predict(serving.decoding)):
-            # it would fit beside the decodes alone: the prefills are what is in the way
+        # or two: a batch that would fit beside the serving decodes alone waits that out; otherwise, or
+        # past `rollout_waits`, the newest go until it fits (they resume later).
+        batch_ms = self.rollout_model.predict(len(running))
+        decodes_only_budget = budget + s_ms - self.serving_model.predict(serving.decoding)
+        if running and budget < batch_ms <= decodes_only_budget and rollout.waited < self.slo.rollout_waits:
             return done(False, "the running rollout batch waits for a lighter serving step")
         while running and self.rollout_model.predict(len(running)) > budget:
             preempt.append(running.pop())
