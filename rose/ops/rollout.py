@@ -31,8 +31,8 @@ import pyarrow as pa
 from rose.errors import EngineError, EnvError, PromptTooLongError
 from rose.envs.base import StepResult, inline_by_name, is_inline, replay
 from rose.envs.deadline import DeadlineExceeded, call_with_deadline
-from rose.ops.reward import as_reward
 from rose.envs.tokens import encode
+from rose.ops.reward import as_reward
 from rose.runtime.engine.base import SamplingSpec
 from rose.runtime.protocol import Annotation
 from rose.runtime.trajectory import Trajectory, to_batch, trajectory_id
