@@ -7,11 +7,12 @@
 """
 import rose.ops  # noqa: F401  (registers the built-in ops for graphs built anywhere)
 from rose.config import ClusterConfig, EngineConfig, GRPOConfig, ModelConfig
+from rose.ops.reward_shapes import Reward, Rewards
 from rose.pipeline import Pipeline, load_pipeline
 from rose.report import Report
 
 __all__ = ["ClusterConfig", "EngineConfig", "GRPOConfig", "LocalRoseCluster", "ModelConfig", "Pipeline", "Report",
-           "load_pipeline", "run"]
+           "Reward", "Rewards", "load_pipeline", "run"]
 
 
 def run(*args, **kwargs):

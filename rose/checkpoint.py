@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from rose.errors import ConfigError
+from rose.runtime.trajectory import upgrade
 
 LATEST = "latest.json"
 KEEP = 2  # checkpoint directories kept: the latest and the one before
@@ -98,7 +99,7 @@ class RunDir:
             raise ConfigError(f"cannot resume from {self.root!r}: metrics.csv or trajectories.parquet is missing")
         frame = pd.read_csv(metrics)
         rows = frame[frame["step"] <= upto_step].to_dict("records")
-        table = pq.read_table(trajectories)
+        table = upgrade(pq.read_table(trajectories))  # a run written by an older ROSE: its columns, filled
         table = table.filter(pc.less_equal(table["step"], upto_step))
         if sorted(r["step"] for r in rows) != list(range(upto_step + 1)):
             raise ConfigError(f"cannot resume from {self.root!r}: metrics.csv lacks steps of 0..{upto_step}")

@@ -43,13 +43,28 @@ def step_row(step: int, version: int, table: pa.Table, metrics: dict, rollout_s:
             "sync_s": sync_s,
             "rollout_tok_s": tokens / rollout_s if rollout_s > 0 else float("nan"),
             "logprob_mismatch": metrics.get("logprob_mismatch", float("nan")),
-            "loss": metrics.get("loss", float("nan"))}
+            "loss": metrics.get("loss", float("nan")), **term_means(table)}
+
+
+def metrics_frame(rows: list[dict]) -> pd.DataFrame:
+    """Step rows as the report's frame: STEP_COLUMNS, then the reward/<name> columns of any reward terms."""
+    terms = sorted({k for r in rows for k in r} - set(STEP_COLUMNS))
+    return pd.DataFrame(rows, columns=STEP_COLUMNS + terms)
+
+
+def term_means(table: pa.Table) -> dict[str, float]:
+    """{"reward/<name>": mean over the trajectories scored} for each term of a combined reward."""
+    sums: dict[str, list[float]] = {}
+    for row in table["reward_terms"].to_pylist():
+        for name, v in row or ():
+            sums.setdefault(name, []).append(v)
+    return {f"reward/{name}": float(np.mean(v)) for name, v in sorted(sums.items())}
 
 
 @dataclass
 class Report:
     pipeline: str
-    metrics: pd.DataFrame  # one row per step, STEP_COLUMNS
+    metrics: pd.DataFrame  # one row per step, STEP_COLUMNS, then reward/<name> per term of a combined reward
     trajectories: pa.Table  # every trajectory of the run, trajectory schema
     lost: int  # trajectory ids planned but never received by a train op (the ledger; sum over steps)
     duplicated: int  # extra rows a train op received: an id again, or one never planned

@@ -22,7 +22,6 @@ import uuid
 from dataclasses import replace
 from typing import Callable
 
-import pandas as pd
 import pyarrow as pa
 from distributed import Client
 
@@ -30,7 +29,7 @@ from rose.checkpoint import Checkpoint, RunDir
 from rose.errors import ConfigError, RunError
 from rose.fleet import Fleet, TrainerLost, roles_of, wait_for_trainer
 from rose.pipeline import Pipeline, load_pipeline
-from rose.report import STEP_COLUMNS, Report
+from rose.report import Report, metrics_frame
 from rose.runtime.protocol import ModelSpec, rollout_addresses
 from rose.runtime.trajectory import TRAJECTORY_SCHEMA
 from rose.runtime.worker.plugin import prepare_worker
@@ -293,7 +292,7 @@ class _Run:
     def report(self) -> Report:
         trajectories = pa.concat_tables(self.tables) if self.tables else TRAJECTORY_SCHEMA.empty_table()
         every = self.rows + self.redone  # departures and refetches of redone steps happened too
-        return Report(self.pipeline.name, pd.DataFrame(self.rows, columns=STEP_COLUMNS), trajectories,
+        return Report(self.pipeline.name, metrics_frame(self.rows), trajectories,
                       sum(r["lost"] for r in self.rows), sum(r["duplicated"] for r in self.rows),
                       sum(r["workers_lost"] for r in every), self.trainer_restarts,
                       sum(r["sync_refetches"] for r in every))

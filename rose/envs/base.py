@@ -38,6 +38,9 @@ class Env(Protocol):
     # its trajectory. It counts only on the class that declares it (`is_inline`): a subclass of an
     # inline environment may add a tool call that blocks, and keeps its deadline unless it says again.
 
+    # Optional: after `reset`, an attribute `ground_truth` (any value; recorded as its str) holds the
+    # episode's answer, which the trajectory keeps for reward functions (verl's `ground_truth`).
+
     def reset(self, seed: int) -> str:
         """Start an episode; return the first observation (the prompt)."""
 

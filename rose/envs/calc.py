@@ -29,11 +29,13 @@ class CalcEnv:
             raise ValueError(f"CalcEnv needs 0 <= low <= high <= 12, got low={low} high={high}")
         self.low, self.high, self.max_turns = low, high, max_turns
         self.a = self.b = 0
+        self.ground_truth: str | None = None  # str(a * b) after reset
         self.turn = 0
 
     def reset(self, seed: int) -> str:
         rng = random.Random(seed)
         self.a, self.b = rng.randint(self.low, self.high), rng.randint(self.low, self.high)
+        self.ground_truth = str(self.a * self.b)
         self.turn = 0
         return f"what is {self.a} * {self.b}\n"
 

@@ -26,10 +26,12 @@ class GuessEnv:
             raise ValueError(f"GuessEnv needs 0 <= low < high <= 100, got low={low} high={high}")
         self.low, self.high, self.max_turns = low, high, max_turns
         self.target: int | None = None
+        self.ground_truth: str | None = None  # str(target) after reset
         self.turn = 0
 
     def reset(self, seed: int) -> str:
         self.target = random.Random(seed).randint(self.low, self.high)
+        self.ground_truth = str(self.target)
         self.turn = 0
         return f"find {self.low} {self.high}\n"
 

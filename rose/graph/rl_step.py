@@ -11,12 +11,14 @@ from rose.graph.graph import Graph
 
 
 def rl_step(name: str, env: str, num_groups: int, group_size: int, *, env_kwargs: dict | None = None,
-            reward: Callable | Sequence[Callable | None] | None = None, grpo=None,
+            reward: Callable | dict | Sequence[Callable | None] | None = None, grpo=None,
             rollout_retries: int | None = None) -> Graph:
     """One RL step of GRPO on environment `env`: `num_groups` environment seeds, `group_size` samples each.
 
-    `reward`: a reward function (batch in, floats out; None keeps the environment's reward), or a
-    sequence of them applied in a chain (nodes `reward0`, `reward1`, ...). `grpo`: a `GRPOConfig`
+    `reward`: a reward function (batch in, floats out; or verl's or TRL's shape, see
+    `rose.ops.reward_shapes`; None keeps the environment's reward), a dict {name: fn | (fn, weight)} or a
+    `rose.Rewards` weighed into one reward, or a sequence of functions applied in a chain (nodes `reward0`,
+    `reward1`, ...). `grpo`: a `GRPOConfig`
     (None: the defaults). `rollout_retries`: Dask retries of a rollout task (None: the op's default).
 
         g = rl_step("guess", "guess", num_groups=16, group_size=8, grpo=rose.GRPOConfig(lr=3e-4))
@@ -28,7 +30,7 @@ def rl_step(name: str, env: str, num_groups: int, group_size: int, *, env_kwargs
     specs = g.add("prompts", "prompts", **prompts)
     rollout = {} if rollout_retries is None else {"retries": rollout_retries}
     scored = g.add("rollout", "rollout", inputs={"specs": specs.out("specs")}, **rollout)
-    chain = [("reward", reward)] if reward is None or callable(reward) else \
+    chain = [("reward", reward)] if reward is None or callable(reward) or not isinstance(reward, Sequence) else \
         [(f"reward{i}", fn) for i, fn in enumerate(reward)]
     for node, fn in chain:
         scored = g.add(node, "reward", inputs={"trajectories": scored.out("trajectories")}, fn=fn)

@@ -71,8 +71,7 @@ class RolloutSpec:
 class Partial:
     """Where a shed trajectory stopped: enough to resume it on another worker."""
 
-    traj: Trajectory  # tokens, log-probs, versions and turn workers so far
-    actions: list[str]  # the policy's decoded actions so far: the environment is rebuilt by replaying them
+    traj: Trajectory  # so far; its `actions` rebuild the environment (replayed from the seed)
     turn: int  # the next policy turn
 
 
@@ -176,7 +175,6 @@ async def agent_loop(spec: RolloutSpec, env, engine_loop, tokenizer, max_model_l
                      if isinstance(t, int) and t != tokenizer.unk_token_id)
     t0 = time.perf_counter()
     inline = is_inline(type(env))
-    actions: list[str] = []
     first_turn = 0
     traj = spec.trajectory()
     try:
@@ -185,6 +183,8 @@ async def agent_loop(spec: RolloutSpec, env, engine_loop, tokenizer, max_model_l
             if not isinstance(first, str):
                 raise EnvError(f"environment {spec.env!r} reset returned {_quote(first)}; expected the first "
                                f"observation as a string", trajectory_id=spec.trajectory_id, env=spec.env, turn=0)
+            traj.prompt, truth = first, getattr(env, "ground_truth", None)
+            traj.ground_truth = None if truth is None else str(truth)
             bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
             traj.add_context(bos + encode(tokenizer, first))
             if len(traj.token_ids) >= max_model_len:
@@ -192,10 +192,10 @@ async def agent_loop(spec: RolloutSpec, env, engine_loop, tokenizer, max_model_l
                                          f"context (max_model_len={max_model_len})", trajectory_id=traj.trajectory_id,
                                          env=spec.env)
         else:
-            traj, actions, first_turn = state.traj, list(state.actions), state.turn
+            traj, first_turn = state.traj, state.turn
             # One deadline per call replayed: the replay is that many calls in one thread.
-            await env_call(spec, "replay", first_turn, replay, env, spec.env_seed, actions,
-                           timeout_s=spec.env_timeout_s * (1 + len(actions)), inline=inline)
+            await env_call(spec, "replay", first_turn, replay, env, spec.env_seed, list(traj.actions),
+                           timeout_s=spec.env_timeout_s * (1 + len(traj.actions)), inline=inline)
         traj.finish_reason = "max_turns"
         for turn in range(first_turn, env.max_turns):
             if len(traj.token_ids) >= max_model_len:
@@ -203,7 +203,7 @@ async def agent_loop(spec: RolloutSpec, env, engine_loop, tokenizer, max_model_l
                 break
             if stop():
                 traj.rollout_s += time.perf_counter() - t0
-                return Partial(traj, actions, turn)
+                return Partial(traj, turn)
             sampling = SamplingSpec(max_tokens=env.max_action_tokens, temperature=spec.temperature,
                                     top_p=spec.top_p, stop_token_ids=stop_ids, seed=spec.turn_seed(turn))
             gen = await _generate(engine_loop, traj.token_ids, sampling, f"{traj.trajectory_id}-t{turn}",
@@ -212,9 +212,10 @@ async def agent_loop(spec: RolloutSpec, env, engine_loop, tokenizer, max_model_l
             traj.turn_workers.append(worker)
             traj.queue_s += gen.queue_s
             action = tokenizer.decode(gen.token_ids, skip_special_tokens=True)
-            actions.append(action)
+            traj.actions.append(action)
             result = _checked_step(spec, turn, await env_call(spec, "step", turn, env.step, action, inline=inline))
             traj.env_reward += float(result.reward)
+            traj.observations.append(result.observation)
             traj.add_context(encode(tokenizer, result.observation))
             if result.done:
                 traj.finish_reason = "done"

@@ -10,6 +10,7 @@ from rose.graph.lower import Ref, TaskSpec, task_key
 from rose.graph.node import PortType
 from rose.graph.ops import Op, register_op
 from rose.ops.reward import apply_reward
+from rose.ops.reward_shapes import Reward, Rewards, shape_of
 from rose.ops.rollout import RolloutSpec, finish_rollout, run_rollout
 from rose.ops.train import sync_weights, train_metrics, train_step
 from rose.runtime.protocol import ROLLOUT_KEY_PREFIX, Annotation
@@ -92,13 +93,22 @@ class RolloutOp(Op):
 
 @register_op
 class RewardOp(Op):
-    """One task per trajectory partition; `fn` follows the reward contract (batch in, floats out)."""
+    """One task per trajectory partition; `fn` is a reward function of any shape `rose.ops.reward_shapes`
+    knows, a `Reward` or a `Rewards` (None: the environment's reward)."""
 
     name = "reward"
     phase = "reward"
     inputs = {"trajectories": TRAJECTORIES}
     outputs = {"trajectories": TRAJECTORIES}
-    params = {"fn": (Callable, type(None))}
+    params = {"fn": (Callable, Reward, Rewards, dict, type(None))}
+
+    def check_params(self, params):
+        super().check_params(params)
+        fn = params.get("fn")
+        if isinstance(fn, dict):
+            Rewards.of(fn)  # a bad term fails here, at the graph, not on a worker
+        elif callable(fn) and not isinstance(fn, (Reward, Rewards)):
+            shape_of(fn)  # so does a function of no known shape
 
     def lower(self, node, ctx, inputs):
         fn = node.params.get("fn")

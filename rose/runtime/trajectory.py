@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-SCHEMA_VERSION = 3  # 2: turn_workers; 3: env_kwargs
+SCHEMA_VERSION = 4  # 2: turn_workers; 3: env_kwargs; 4: prompt, actions, observations, ground_truth, reward_terms
 
 TRAJECTORY_SCHEMA = pa.schema(
     [
@@ -40,6 +40,16 @@ TRAJECTORY_SCHEMA = pa.schema(
         pa.field("turn_workers", pa.list_(pa.string())),
         pa.field("rollout_s", pa.float32()),  # wall seconds from first request to last token
         pa.field("queue_s", pa.float32()),  # seconds the turns waited in the engine before their first token
+        # The conversation as text, for reward functions and for reading: the environment's first
+        # observation; (num_turns,) each policy turn decoded; the environment's reply to each action
+        # (one per action the environment answered: a failed step leaves one fewer).
+        pa.field("prompt", pa.string()),
+        pa.field("actions", pa.list_(pa.string())),
+        pa.field("observations", pa.list_(pa.string())),
+        # The environment's answer for this episode (`Env.ground_truth` after reset), null if it has none
+        pa.field("ground_truth", pa.string()),
+        # Each named term of a combined reward (`rose.Rewards`), before weighting; empty otherwise
+        pa.field("reward_terms", pa.map_(pa.string(), pa.float32())),
     ],
     metadata={b"rose.trajectory.schema_version": str(SCHEMA_VERSION).encode()},
 )
@@ -67,6 +77,10 @@ class Trajectory:
     turn_workers: list[str] = field(default_factory=list)  # per policy turn
     rollout_s: float = 0.0
     queue_s: float = 0.0
+    prompt: str = ""  # the environment's first observation
+    actions: list[str] = field(default_factory=list)  # per policy turn, decoded
+    observations: list[str] = field(default_factory=list)  # the environment's reply to each action
+    ground_truth: str | None = None  # Env.ground_truth after reset, if the environment has one
 
     @property
     def trajectory_id(self) -> str:
@@ -120,8 +134,31 @@ def to_batch(trajs: list[Trajectory], rewards: list[float] | None = None) -> pa.
         "turn_workers": [t.turn_workers for t in trajs],
         "rollout_s": [t.rollout_s for t in trajs],
         "queue_s": [t.queue_s for t in trajs],
+        "prompt": [t.prompt for t in trajs],
+        "actions": [t.actions for t in trajs],
+        "observations": [t.observations for t in trajs],
+        "ground_truth": [t.ground_truth for t in trajs],
+        "reward_terms": [[] for _ in trajs],
     }
     return pa.RecordBatch.from_pydict(cols, schema=TRAJECTORY_SCHEMA)
+
+
+def upgrade(table: pa.Table) -> pa.Table:
+    """A table of an older trajectory schema (a run directory written before) in this one: columns added
+    since are filled empty (text "", lists and maps empty, anything else null). ValueError if it has a
+    column this schema lacks or one of another type."""
+    empty = {pa.types.is_string: "", pa.types.is_list: [], pa.types.is_map: []}
+    cols = []
+    for f in TRAJECTORY_SCHEMA:
+        if f.name in table.column_names:
+            cols.append(table[f.name].cast(f.type))
+            continue
+        fill = None if f.name == "ground_truth" else next((v for test, v in empty.items() if test(f.type)), None)
+        cols.append(pa.array([fill] * table.num_rows, f.type))
+    extra = set(table.column_names) - set(TRAJECTORY_SCHEMA.names)
+    if extra:
+        raise ValueError(f"trajectories have columns {sorted(extra)} that schema v{SCHEMA_VERSION} lacks")
+    return pa.Table.from_arrays(cols, schema=TRAJECTORY_SCHEMA)
 
 
 def concat(batches: list[pa.RecordBatch]) -> pa.Table:
@@ -132,10 +169,16 @@ def concat(batches: list[pa.RecordBatch]) -> pa.Table:
     return pa.Table.from_batches(batches, schema=TRAJECTORY_SCHEMA)
 
 
-def with_rewards(batch: pa.RecordBatch | pa.Table, rewards) -> pa.RecordBatch | pa.Table:
-    """Return `batch` with its reward column replaced (float32, one per row)."""
+def with_rewards(batch: pa.RecordBatch | pa.Table, rewards, terms: list[dict] | None = None) -> pa.RecordBatch | pa.Table:
+    """Return `batch` with its reward column replaced (float32, one per row), and with `terms` (one dict
+    name -> value per row) its reward_terms column too."""
     idx = batch.schema.get_field_index("reward")
-    return batch.set_column(idx, "reward", pa.array(np.asarray(rewards, dtype=np.float32)))
+    out = batch.set_column(idx, "reward", pa.array(np.asarray(rewards, dtype=np.float32)))
+    if terms is not None:
+        field_ = TRAJECTORY_SCHEMA.field("reward_terms")
+        out = out.set_column(out.schema.get_field_index("reward_terms"), field_,
+                             pa.array([list(t.items()) for t in terms], field_.type))
+    return out
 
 
 def mark_failed(table: pa.Table, reasons: dict[str, str]) -> pa.Table:

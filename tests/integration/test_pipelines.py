@@ -35,6 +35,9 @@ def _check_trajectories(report, steps, groups, group_size):
             # synchronous mode: step k's tokens all come from weights version k
             assert gen_versions == {row["step"]}, row["trajectory_id"]
             assert row["turn_offsets"] and all(row["loss_mask"][o] for o in row["turn_offsets"])
+            # the conversation as text: the prompt, each action, the environment's reply to each
+            assert row["prompt"] and len(row["actions"]) == row["num_turns"] == len(row["observations"])
+            assert row["ground_truth"] is not None
         assert not any(row["loss_mask"][:2])  # BOS + prompt are never trained on
 
 
@@ -110,6 +113,26 @@ def test_prompt_longer_than_context_fails_that_trajectory_only(cluster):
     # the engine keeps serving: a normal run right after works
     ok = rose.run(small_pipeline("guess", groups=1, group_size=2, steps=1), cluster=cluster, progress=False)
     assert ok.summary["failed"] == 0
+
+
+def test_reward_functions_of_verl_and_trl_shape_weighed_into_one_reward(cluster):
+    from tests.helpers.rewards import answered_truth, env_paid
+
+    rewards = {"truth": answered_truth, "paid": (env_paid, 0.5)}
+    p = small_pipeline("calc", groups=2, group_size=4, steps=1, reward_fn=rewards)
+    report = rose.run(p, cluster=cluster, progress=False)
+    rows = [r for r in report.trajectories.to_pylist() if r["finish_reason"] != "failed"]
+    assert rows and report.summary["failed"] == 0
+    for r in rows:
+        a, b = (int(x) for x in r["prompt"].split()[2:5:2])  # "what is A * B"
+        assert r["ground_truth"] == str(a * b)
+        terms = dict(r["reward_terms"])
+        truth = float(r["actions"][-1].split()[:2] == ["answer", str(a * b)])
+        assert terms == {"truth": truth, "paid": pytest.approx(r["env_reward"])}
+        assert r["reward"] == pytest.approx(truth + 0.5 * r["env_reward"])
+    m = report.metrics
+    assert m["reward/truth"].iloc[0] == pytest.approx(np.mean([dict(r["reward_terms"])["truth"] for r in rows]))
+    assert "reward/paid" in m.columns
 
 
 def test_a_non_finite_reward_fails_its_trajectory_naming_it_and_the_run_goes_on(cluster):
