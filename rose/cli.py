@@ -1,5 +1,5 @@
-"""`rose` command line: `rose run PIPELINE.py [--steps N] [--seed S] [--out DIR] [--resume DIR] [--json]`, and
-`rose serve-load URL [--trace FILE | --rate R --burst ...] [--duration S]`."""
+"""`rose` command line: `rose run PIPELINE.py [--steps N] [--seed S] [--out DIR] [--resume DIR]
+[--algorithm grpo|dapo] [--json]`, and `rose serve-load URL [--trace FILE | --rate R --burst ...] [--duration S]`."""
 from __future__ import annotations
 
 import json
@@ -42,8 +42,11 @@ def _fmt(v) -> str:
                    "--steps counts all steps, done ones too)")
 @click.option("--checkpoint-every", type=click.IntRange(min=0), default=None,
               help="checkpoint every N steps and after the last (0: never; default: the pipeline's)")
+@click.option("--algorithm", type=click.Choice(["grpo", "dapo"]), default=None,
+              help="the train nodes' algorithm (default: the pipeline's): dapo adds clip-higher, dynamic "
+                   "sampling and token-level loss")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON summary line last")
-def run_cmd(pipeline, steps, seed, out, scheduler, staleness, resume, checkpoint_every, as_json):
+def run_cmd(pipeline, steps, seed, out, scheduler, staleness, resume, checkpoint_every, algorithm, as_json):
     """Run a pipeline's RL steps and report per-step metrics."""
     import rose
     from rose.errors import RoseError
@@ -52,6 +55,8 @@ def run_cmd(pipeline, steps, seed, out, scheduler, staleness, resume, checkpoint
     logging.getLogger("distributed").setLevel(logging.WARNING)
     cols = ["step", "reward_mean", "reward_std", "trajectories", "failed", "tokens", "rollout_s", "train_s",
             "sync_s", "step_s", "logprob_mismatch", "lost", "workers_lost"]
+    if algorithm == "dapo":  # dynamic sampling: the groups rolled out and those that varied
+        cols[4:4] = ["groups_sampled", "groups_varied"]
     widths = [max(len(c), 8) for c in cols]
     from tqdm.auto import tqdm
 
@@ -66,7 +71,7 @@ def run_cmd(pipeline, steps, seed, out, scheduler, staleness, resume, checkpoint
         p = rose.load_pipeline(pipeline)
         out = out or resume or os.path.join("runs", p.name)
         report = rose.run(p, cluster=scheduler, steps=steps, seed=seed, on_step=on_step, staleness=staleness,
-                          out=out, resume=resume, checkpoint_every=checkpoint_every)
+                          out=out, resume=resume, checkpoint_every=checkpoint_every, algorithm=algorithm)
     except RunError as e:
         if e.report is not None and len(e.report.metrics):
             paths = e.report.save(out)

@@ -86,17 +86,43 @@ class EngineConfig:
         _positive(c, "env_timeout_s", self.env_timeout_s)
 
 
+ALGORITHMS = ("grpo", "dapo")
+LOSS_AGG = ("token", "sequence")
+
+
 @dataclass(frozen=True)
 class GRPOConfig:
-    """Group-relative policy optimisation on the trainer worker."""
+    """Group-relative policy optimisation on the trainer worker, or DAPO (`algorithm="dapo"`, or
+    `DAPOConfig()`): clip-higher, dynamic sampling, token-level loss and overlong shaping.
+
+    The fields DAPO changes default to None, meaning "what `algorithm` says"; read them resolved from
+    the properties (`clip_upper`, `samples_dynamically`, `aggregation`), so `replace(cfg,
+    algorithm="dapo")` gives DAPO's defaults for whatever the caller left unset."""
 
     lr: float = 3e-4  # AdamW learning rate
     betas: tuple[float, float] = (0.9, 0.99)
-    clip: float = 0.2  # PPO ratio clip: ratio in [1 - clip, 1 + clip]
+    clip: float = 0.2  # PPO ratio clip: ratio in [1 - clip, 1 + clip_high]
     inner_epochs: int = 4  # clipped updates per batch of trajectories
     grad_clip: float = 1.0  # max global grad norm
     adv_eps: float = 1e-4  # advantage = (r - mean_group) / (std_group + adv_eps)
     tis_cap: float = 2.0  # truncated importance weight cap for engine/trainer log-prob mismatch
+    algorithm: str = "grpo"  # "grpo" | "dapo": the defaults of the None fields below
+    # Upper clip of the ratio, 1 + clip_high. None: `clip` (GRPO); DAPO's clip-higher: 0.28
+    clip_high: float | None = None
+    # Drop groups whose rewards do not vary (no advantage: they only dilute the token mean) and roll out
+    # more prompts until the step has its `num_groups` varied groups, or `max_sample_rounds` rounds ran.
+    # None: off for GRPO, on for DAPO.
+    dynamic_sampling: bool | None = None
+    max_sample_rounds: int = 4  # rollout rounds one step may take to fill its batch (dynamic sampling)
+    # "token": the loss is the mean over every generated token of the batch (DAPO; ROSE's GRPO always
+    # did this); "sequence": each trajectory's token mean, then the mean over trajectories (the GRPO
+    # paper). None: "token".
+    loss_agg: str | None = None
+    # DAPO's overlong shaping: a trajectory's generated tokens L past `overlong_max_tokens -
+    # overlong_buffer` cost up to `overlong_penalty` (linearly; the full penalty past the max). 0: off.
+    overlong_max_tokens: int = 0
+    overlong_buffer: int = 0  # tokens
+    overlong_penalty: float = 1.0  # reward units
 
     def __post_init__(self):
         c = "GRPOConfig"
@@ -108,6 +134,39 @@ class GRPOConfig:
         _positive(c, "grad_clip", self.grad_clip)
         _positive(c, "adv_eps", self.adv_eps)
         config_check(self.tis_cap >= 1, c, "tis_cap", self.tis_cap, ">= 1")
+        config_check(self.algorithm in ALGORITHMS, c, "algorithm", self.algorithm, f"one of {ALGORITHMS}")
+        config_check(self.clip_high is None or (isinstance(self.clip_high, (int, float)) and 0 < self.clip_high < 10),
+                     c, "clip_high", self.clip_high, "None or in (0, 10)")
+        config_check(self.dynamic_sampling in (None, True, False), c, "dynamic_sampling", self.dynamic_sampling,
+                     "None, True or False")
+        config_check(isinstance(self.max_sample_rounds, int) and self.max_sample_rounds >= 1, c, "max_sample_rounds",
+                     self.max_sample_rounds, "an int >= 1")
+        config_check(self.loss_agg in (None,) + LOSS_AGG, c, "loss_agg", self.loss_agg, f"None or one of {LOSS_AGG}")
+        config_check(isinstance(self.overlong_max_tokens, int) and self.overlong_max_tokens >= 0, c,
+                     "overlong_max_tokens", self.overlong_max_tokens, "an int >= 0 (0: off)")
+        config_check(isinstance(self.overlong_buffer, int) and 0 <= self.overlong_buffer <= self.overlong_max_tokens,
+                     c, "overlong_buffer", self.overlong_buffer, f"an int in [0, overlong_max_tokens={self.overlong_max_tokens}]")
+        _positive(c, "overlong_penalty", self.overlong_penalty, allow_zero=True)
+
+    @property
+    def clip_upper(self) -> float:
+        return self.clip_high if self.clip_high is not None else (0.28 if self.algorithm == "dapo" else self.clip)
+
+    @property
+    def samples_dynamically(self) -> bool:
+        return self.dynamic_sampling if self.dynamic_sampling is not None else self.algorithm == "dapo"
+
+    @property
+    def aggregation(self) -> str:
+        return self.loss_agg or "token"
+
+
+@dataclass(frozen=True)
+class DAPOConfig(GRPOConfig):
+    """DAPO: GRPOConfig with `algorithm="dapo"`: clip-higher (0.28), dynamic sampling, token-level loss.
+    Overlong shaping needs the response budget: set `overlong_max_tokens` and `overlong_buffer`."""
+
+    algorithm: str = "dapo"
 
 
 @dataclass(frozen=True)

@@ -62,3 +62,34 @@ def load_pipeline(path: str) -> Pipeline:
     if not isinstance(pipeline, Pipeline):
         raise ConfigError(f"pipeline file {path!r} defines no PIPELINE = rose.Pipeline(...)")
     return pipeline
+
+
+def with_algorithm(pipeline: Pipeline, algorithm: str) -> Pipeline:
+    """`pipeline` with every train node's config switched to `algorithm` ("grpo" or "dapo"); the
+    fields the pipeline set stay, those it left to the algorithm take the new one's defaults."""
+    from dataclasses import replace
+
+    from rose.config import ALGORITHMS, GRPOConfig
+
+    if algorithm not in ALGORITHMS:
+        raise ConfigError(f"algorithm={algorithm!r} is not allowed: one of {ALGORITHMS}")
+    build = pipeline.build
+
+    def switched(step: int):
+        graph = build(step)
+        for node in graph.nodes.values():
+            if node.op == "train":
+                node.params = {**node.params, "grpo": replace(node.params.get("grpo", GRPOConfig()),
+                                                              algorithm=algorithm)}
+        return graph
+
+    return replace(pipeline, build=switched)
+
+
+def overridden(pipeline: Pipeline, algorithm: str | None = None, **fields) -> Pipeline:
+    """`pipeline` with the fields given (None: keep the pipeline's), validated as on construction."""
+    from dataclasses import replace
+
+    pipeline = replace(pipeline, **{k: v for k, v in fields.items() if v is not None})
+    return pipeline if algorithm is None else with_algorithm(pipeline, algorithm)
+

@@ -17,11 +17,13 @@ import pyarrow.parquet as pq
 # trajectory ledger (`rose.ledger`): planned ids its train op never received / extra rows it received.
 # workers_lost: rollout workers that left the run during the step. provenance_checked: trajectories
 # shed and resumed on another worker whose environment the trainer replayed (`rose.envs.provenance`);
-# those that did not replay are `failed`, with the reason.
+# those that did not replay are `failed`, with the reason. groups_sampled: GRPO groups rolled out;
+# groups_varied: those whose rewards varied (the rest teach nothing); sample_rounds: rollout rounds the
+# step took (dynamic sampling rolls out more until enough groups vary: demand varies by step).
 STEP_COLUMNS = ["step", "weight_version", "rollout_version", "reward_mean", "reward_std", "trajectories", "failed",
                 "tokens", "rollout_s", "train_s", "trainer_compute_s", "sync_s", "step_s", "rollout_tok_s",
                 "logprob_mismatch", "loss", "sync_bytes", "sync_refetches", "lost", "duplicated",
-                "workers_lost", "provenance_checked"]
+                "workers_lost", "provenance_checked", "groups_sampled", "groups_varied", "sample_rounds"]
 
 
 def step_row(step: int, version: int, table: pa.Table, metrics: dict, rollout_s: float, train_s: float,

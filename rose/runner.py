@@ -28,7 +28,7 @@ from distributed import Client
 from rose.checkpoint import Checkpoint, RunDir
 from rose.errors import ConfigError, RunError
 from rose.fleet import Fleet, TrainerLost, roles_of, wait_for_trainer
-from rose.pipeline import Pipeline, load_pipeline
+from rose.pipeline import Pipeline, load_pipeline, overridden
 from rose.report import Report, metrics_frame
 from rose.runtime.protocol import ModelSpec, rollout_addresses
 from rose.runtime.trajectory import TRAJECTORY_SCHEMA
@@ -60,7 +60,7 @@ def _check_placement(client: Client) -> str | None:
 def run(pipeline: Pipeline | str, cluster=None, steps: int | None = None, seed: int | None = None,
         progress: bool = True, on_step: Callable[[dict], None] | None = None,
         staleness: int | None = None, out: str | None = None, resume: str | None = None,
-        checkpoint_every: int | None = None) -> Report:
+        checkpoint_every: int | None = None, algorithm: str | None = None) -> Report:
     """Run `steps` RL steps of `pipeline` and return a Report.
 
     `cluster`: None (start a LocalRoseCluster for this run), a LocalRoseCluster or any Dask cluster
@@ -70,7 +70,8 @@ def run(pipeline: Pipeline | str, cluster=None, steps: int | None = None, seed: 
     every checkpoint and at the end, the checkpoints under `out/checkpoints` (None: checkpoints go to
     a temporary directory, removed after the run; they serve only to replace a lost trainer).
     `resume`: a run directory to continue from its latest checkpoint, up to `steps` steps in all
-    (metrics and trajectories append; `out` defaults to it).
+    (metrics and trajectories append; `out` defaults to it). `algorithm`: "grpo" or "dapo" for every
+    train node of the pipeline (None: as the pipeline says).
 
         report = rose.run("pipelines/guess.py", steps=20)
         report.metrics        # pandas DataFrame, one row per step
@@ -78,12 +79,8 @@ def run(pipeline: Pipeline | str, cluster=None, steps: int | None = None, seed: 
     """
     if isinstance(pipeline, str):
         pipeline = load_pipeline(pipeline)
-    if seed is not None:
-        pipeline = replace(pipeline, seed=seed)
-    if staleness is not None:
-        pipeline = replace(pipeline, staleness=staleness)  # validated there
-    if checkpoint_every is not None:
-        pipeline = replace(pipeline, checkpoint_every=checkpoint_every)
+    pipeline = overridden(pipeline, seed=seed, staleness=staleness, checkpoint_every=checkpoint_every,
+                          algorithm=algorithm)
     steps = pipeline.steps if steps is None else steps
     if steps < 1:
         raise ConfigError(f"steps={steps} must be >= 1")

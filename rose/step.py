@@ -10,14 +10,20 @@ from __future__ import annotations
 import logging
 import time
 
+from dataclasses import replace
+
 import pyarrow as pa
+import pyarrow.compute as pc
 from distributed import wait
 
 from rose.errors import RunError
 from rose.graph import LowerContext, get_op, lower
+from rose.graph.lower import Ref
 from rose.graph.submit import submit
 from rose.ledger import reconcile
 from rose.report import step_row
+from rose.ops.train import train_step
+from rose.runtime.dapo import more_groups, varied_groups
 from rose.runtime.protocol import rollout_addresses
 from rose.runtime.trajectory import concat, mark_failed
 
@@ -47,15 +53,17 @@ def _the(graph, phase: str):
 
 
 class Step:
-    def __init__(self, client, fleet, step: int, version: int, graph, lowered):
+    def __init__(self, client, fleet, step: int, version: int, graph, lowered, pipeline=None, ctx=None):
         self.client, self.fleet, self.step, self.version = client, fleet, step, version
-        self.lowered = lowered
+        self.lowered, self.pipeline, self.ctx = lowered, pipeline, ctx
         self.train, self.sync = _the(graph, "train"), _the(graph, "sync")
-        rollouts = [n for n in graph.nodes.values() if get_op(n.op).phase == "rollout" and "specs" in n.inputs]
-        # Trajectory ids the step asked for: each rollout node's specs.
-        self.ids = {s.trajectory_id for n in rollouts for s in lowered.outputs[(n.inputs["specs"].node,
-                                                                                n.inputs["specs"].port)]}
-        self._rollout_keys = [k for n in rollouts for k in lowered.keys_of(n.name, "trajectories")]
+        self.ids: set[str] = set()  # trajectory ids the step asked for: each rollout node's specs
+        self._rollout_keys: list[str] = []
+        self._add_rollouts(graph, lowered)
+        self.train_inputs = lowered.input_keys(self.train, "trajectories")  # scored partitions it trains on
+        self.rounds = 1  # rollout rounds (dynamic sampling adds rounds until enough groups vary)
+        cfg = self.train.params.get("grpo")
+        self._sampling = cfg if cfg is not None and cfg.samples_dynamically else None  # until its rounds are done
         # Without the placement plugin, rollouts may go to any rollout worker (Dask decides).
         self.roles = dict(fleet.roles)  # as of the poll that began this step
         self.roles["rollout"] = rollout_addresses(self.roles)
@@ -74,7 +82,7 @@ class Step:
         ctx = LowerContext(step, version, graph.name, tuple(fleet.ready), pipeline.seed,
                            pipeline.engine.temperature, pipeline.engine.top_p, pipeline.engine.request_timeout_s,
                            pipeline.engine.env_timeout_s)
-        st = cls(client, fleet, step, version, graph, lower(graph, ctx))
+        st = cls(client, fleet, step, version, graph, lower(graph, ctx), pipeline, ctx)
         st.submit("gen")
         # When each rollout finished: the rollout phase is timed to the last one, even when the runner
         # looks later (asynchronous mode looks after the train step it overlapped).
@@ -83,12 +91,23 @@ class Step:
 
     def submit(self, part: str) -> None:
         """Submit the tasks of `part` ("gen", "train" or "sync")."""
+        if part == "train" and self._sampling is not None:
+            self.wait()  # the train task takes every round's groups: they are known once the rounds are done
         phases = PARTS[part]
         tasks = [t for t in self.lowered.tasks if t.phase in phases]
         self.submitted_at[part] = time.perf_counter()
         self.futures = submit(self.client, tasks, self.roles, self.futures)
         if part == "train":
             self._time(self.lowered.keys_of(self.train.name, "metrics"), "train")
+
+    def _add_rollouts(self, graph, lowered) -> list[str]:
+        """Count the rollouts of `graph` (lowered) as the step's: their trajectory ids and task keys."""
+        rollouts = [n for n in graph.nodes.values() if get_op(n.op).phase == "rollout" and "specs" in n.inputs]
+        self.ids |= {s.trajectory_id for n in rollouts
+                     for s in lowered.outputs[(n.inputs["specs"].node, n.inputs["specs"].port)]}
+        keys = [k for n in rollouts for k in lowered.keys_of(n.name, "trajectories")]
+        self._rollout_keys += keys
+        return keys
 
     def _time(self, keys: list[str], phase: str) -> None:
         for k in keys:
@@ -103,13 +122,47 @@ class Step:
         await_futures(self.client, futures, lambda: self.fleet.poll(self.version))
 
     def wait(self) -> None:
-        """Wait for the step's rollouts, then for the scored trajectories its train node takes."""
-        rollouts = self._futures(self._rollout_keys)
-        self._await(rollouts)
+        """Wait for the step's rollouts, then for the scored trajectories its train node takes; with
+        dynamic sampling (DAPO), roll out more groups until enough of them vary."""
+        self._await(self._futures(self._rollout_keys))
+        self._await(self._futures(self.train_inputs))
+        while self._sampling is not None and self._sample_more(self._sampling):
+            self._await(self._futures(self._rollout_keys))
+            self._await(self._futures(self.train_inputs))
+        self._sampling = None
         done = self._done_at["rollout"]
-        last = max(done) if len(done) == len(rollouts) else time.perf_counter()
+        last = max(done) if len(done) == len(self._rollout_keys) else time.perf_counter()
         self.rollout_s = last - self.submitted_at["gen"]
-        self._await(self._futures(self.lowered.input_keys(self.train, "trajectories")))
+
+    def _sample_more(self, cfg) -> bool:
+        """Submit one more round of rollouts if the step has fewer varied groups than its prompts node
+        asks for (`rose.runtime.dapo`); the train task then takes those too. Whether it did."""
+        graph = self.pipeline.build(self.step)  # the same step, under another name: its task keys differ
+        graph.name = f"{graph.name}-round{self.rounds}"
+        prompts = [n for n in graph.nodes.values() if n.op == "prompts"]
+        if len(prompts) != 1:
+            raise RunError(f"dynamic sampling needs a step graph with one prompts node; {graph.name!r} has "
+                           f"{len(prompts)}", step=self.step)
+        target = prompts[0].params["num_groups"]
+        table = concat(self.client.gather(self._futures(self.train_inputs)))
+        groups = table["group_id"].to_numpy()
+        ok = pc.not_equal(table["finish_reason"], "failed").to_numpy(zero_copy_only=False)
+        kept = varied_groups(groups, table["reward"].to_numpy(zero_copy_only=False), ok)
+        more = more_groups(target, len(set(groups.tolist())), len(kept), self.rounds, cfg.max_sample_rounds)
+        if more == 0:
+            return False
+        prompts[0].params = {**prompts[0].params, "num_groups": more, "first_group": int(groups.max()) + 1}
+        lowered = lower(graph, replace(self.ctx, graph=graph.name))
+        self.futures = submit(self.client, [t for t in lowered.tasks if t.phase in PARTS["gen"]], self.roles,
+                              self.futures)
+        self._time(self._add_rollouts(graph, lowered), "rollout")
+        self.train_inputs = self.train_inputs + lowered.input_keys(_the(graph, "train"), "trajectories")
+        (train,) = [t for t in self.lowered.tasks if t.node == self.train.name and t.fn is train_step]
+        train.args = (train.args[0], *(Ref(k) for k in self.train_inputs))
+        self.rounds += 1
+        logger.info("step %d: %d of %d groups vary; rolling out %d more (round %d)", self.step, len(kept), target,
+                    more, self.rounds)
+        return True
 
     def wait_trained(self) -> None:
         """Wait for the step's train task (the trainer trains one step at a time)."""
@@ -123,7 +176,7 @@ class Step:
     def finish(self) -> tuple[dict, pa.Table]:
         """Gather the train metrics and the sync statuses; check every engine took the trained version;
         return the step's row and its trajectories."""
-        batches = self.client.gather(self._futures(self.lowered.input_keys(self.train, "trajectories")))
+        batches = self.client.gather(self._futures(self.train_inputs))
         (metrics,) = self.client.gather(self._futures(self.lowered.keys_of(self.train.name, "metrics")))
         # From when training could start (submitted, and its rollouts done) to its metrics.
         ready = max(self.submitted_at["train"], self.submitted_at["gen"] + self.rollout_s)
@@ -152,6 +205,9 @@ class Step:
         row["provenance_checked"] = metrics.get("provenance_checked", 0)
         row["sync_bytes"] = sum(s.get("sent_bytes", 0) for s in syncs)
         row["sync_refetches"] = sum(s.get("refetches", 0) for s in syncs)
+        # Dynamic sampling: the groups rolled out, those whose rewards varied, and the rounds it took
+        row["groups_sampled"], row["groups_varied"] = metrics.get("groups_sampled"), metrics.get("groups_varied")
+        row["sample_rounds"] = self.rounds
         return row, table
 
     def release(self) -> None:

@@ -25,12 +25,13 @@ SYNC_STATUS = PortType("sync_status", partitioned=True)
 
 @register_op
 class PromptsOp(Op):
-    """Driver-side source: G samples for each of `num_groups` environment seeds (no task)."""
+    """Driver-side source: G samples for each of `num_groups` environment seeds (no task). Groups are
+    numbered from `first_group` (0; dynamic sampling's later rounds go on from where the step stopped)."""
 
     name = "prompts"
     phase = "rollout"
     outputs = {"specs": SPECS}
-    params = {"env": str, "env_kwargs": dict, "num_groups": int, "group_size": int}
+    params = {"env": str, "env_kwargs": dict, "num_groups": int, "group_size": int, "first_group": int}
     required_params = frozenset({"env", "num_groups", "group_size"})
 
     def check_params(self, params):
@@ -45,12 +46,15 @@ class PromptsOp(Op):
         for k in ("num_groups", "group_size"):
             if params[k] < 1:
                 raise ValueError(f"{k}={params[k]} must be >= 1")
+        if params.get("first_group", 0) < 0:
+            raise ValueError(f"first_group={params['first_group']} must be >= 0")
 
     def lower(self, node, ctx, inputs):
         p = node.params
         seed = ctx.seed
         specs = []
-        for g in range(p["num_groups"]):
+        first = p.get("first_group", 0)
+        for g in range(first, first + p["num_groups"]):
             env_seed = zlib.crc32(f"{seed}/{ctx.step}/{g}".encode())
             for i in range(p["group_size"]):
                 specs.append(RolloutSpec(ctx.step, g, i, p["env"], env_seed, dict(p.get("env_kwargs", {})),

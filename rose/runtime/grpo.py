@@ -30,12 +30,17 @@ def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, eps: float)
 
 
 def grpo_loss(lp: torch.Tensor, old_lp: torch.Tensor, behav_lp: torch.Tensor, adv: torch.Tensor,
-              mask: torch.Tensor, clip: float, tis_cap: float) -> tuple[torch.Tensor, dict]:
-    """Token-level loss averaged over generated tokens.
+              mask: torch.Tensor, clip: float, tis_cap: float, clip_high: float | None = None,
+              agg: str = "token") -> tuple[torch.Tensor, dict]:
+    """The clipped policy loss over generated tokens.
 
-    lp, old_lp, behav_lp, mask: (B, T) aligned per token; adv: (B,). mask is 1 on policy tokens.
-    Returns (loss, stats) where stats holds clip fraction and mean truncated importance weight.
+    lp, old_lp, behav_lp, mask: (B, T) aligned per token; adv: (B,). mask is 1 on policy tokens. The
+    ratio is clipped to [1 - clip, 1 + clip_high] (clip_high None: clip; DAPO's clip-higher raises it
+    so unlikely tokens can still gain mass). agg "token": the mean over every generated token of the
+    batch (long answers weigh by their length: DAPO); "sequence": each row's token mean, then the mean
+    over rows. Returns (loss, stats) where stats holds clip fraction and mean truncated importance weight.
     """
+    high = clip if clip_high is None else clip_high
     mask = mask.float()
     zero = torch.zeros_like(lp)
     lp = torch.where(mask > 0, lp, zero)  # keep -inf or junk off masked slots
@@ -43,12 +48,17 @@ def grpo_loss(lp: torch.Tensor, old_lp: torch.Tensor, behav_lp: torch.Tensor, ad
     behav_lp = torch.where(mask > 0, behav_lp, zero)
     ratio = torch.exp(lp - old_lp)
     a = adv[:, None]
-    obj = torch.minimum(ratio * a, torch.clamp(ratio, 1 - clip, 1 + clip) * a)
+    obj = torch.minimum(ratio * a, torch.clamp(ratio, 1 - clip, 1 + high) * a)
     tis = torch.clamp(torch.exp(old_lp - behav_lp), max=tis_cap).detach()
     n = mask.sum().clamp(min=1)
-    loss = -(obj * tis * mask).sum() / n
+    if agg == "sequence":
+        rows = mask.sum(1)
+        per_row = (obj * tis * mask).sum(1) / rows.clamp(min=1)
+        loss = -per_row[rows > 0].mean() if bool((rows > 0).any()) else -(obj * tis * mask).sum()
+    else:
+        loss = -(obj * tis * mask).sum() / n
     with torch.no_grad():
-        clipped = ((ratio - 1).abs() > clip).float()
+        clipped = ((ratio < 1 - clip) | (ratio > 1 + high)).float()
         stats = {"clip_frac": float((clipped * mask).sum() / n), "tis_mean": float((tis * mask).sum() / n)}
     return loss, stats
 

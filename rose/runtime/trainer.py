@@ -12,6 +12,7 @@ import pyarrow.compute as pc
 import torch
 
 from rose.config import GRPOConfig
+from rose.runtime.dapo import overlong_penalty, varied_groups
 from rose.runtime.grpo import group_advantages, grpo_loss, token_logprobs
 from rose.runtime.trajectory import flat_tokens
 
@@ -79,14 +80,16 @@ class Trainer:
             if self._opt_state is not None:  # restored: AdamW's moments and step counts as they were
                 self.opt.load_state_dict(self._opt_state)
                 self._opt_state = None
-        ok = table.filter(pc.not_equal(table["finish_reason"], "failed"))
-        metrics = {"trained_trajectories": ok.num_rows}
-        if ok.num_rows == 0:  # every trajectory failed: nothing to learn, the version stays
+        ok, metrics = _trainable(table, cfg)
+        if ok.num_rows == 0:  # every trajectory failed (or no group varied): nothing to learn, the version stays
             return metrics | {"train_s": time.perf_counter() - t0, "weight_version": self.version}
         ids = _pad(*flat_tokens(ok, "token_ids"), self.pad_id, torch.long)
         mask = _pad(*flat_tokens(ok, "loss_mask"), False, torch.bool).float()
         behav = _pad(*flat_tokens(ok, "logprobs"), 0.0, torch.float32)
-        rewards = torch.from_numpy(ok["reward"].to_numpy())
+        shaped = ok["reward"].to_numpy() + overlong_penalty(mask.sum(1).numpy(), cfg.overlong_max_tokens,
+                                                            cfg.overlong_buffer, cfg.overlong_penalty)
+        metrics["overlong_penalty"] = float(np.mean(shaped - ok["reward"].to_numpy()))
+        rewards = torch.from_numpy(shaped.astype(np.float32))
         groups = torch.from_numpy(ok["group_id"].to_numpy().astype(np.int64))
         adv = group_advantages(rewards, groups, cfg.adv_eps)
 
@@ -102,7 +105,7 @@ class Trainer:
                 diff = (old - behav).abs() * mask
                 metrics |= {"logprob_mismatch": float(diff.sum() / n), "logprob_mismatch_max": float(diff.max()),
                             "zero_adv_groups": float((adv == 0).float().mean())}
-            loss, stats = grpo_loss(lp, old, behav, adv, mask, cfg.clip, cfg.tis_cap)
+            loss, stats = grpo_loss(lp, old, behav, adv, mask, cfg.clip, cfg.tis_cap, cfg.clip_upper, cfg.aggregation)
             self.opt.zero_grad()
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
@@ -112,3 +115,18 @@ class Trainer:
         self.version += 1
         return metrics | stats | {"loss": float(np.mean(losses)), "grad_norm": float(grad_norm),
                                   "train_s": time.perf_counter() - t0, "weight_version": self.version}
+
+
+def _trainable(table: pa.Table, cfg: GRPOConfig) -> tuple[pa.Table, dict]:
+    """The rows a step trains on: those that did not fail and, with dynamic sampling, only those of
+    groups whose rewards vary (`varied_groups`). Returns (rows, metrics)."""
+    ok = table.filter(pc.not_equal(table["finish_reason"], "failed"))
+    groups = ok["group_id"].to_numpy()
+    metrics = {"groups_sampled": len(np.unique(table["group_id"].to_numpy()))}
+    kept = varied_groups(groups, ok["reward"].to_numpy(), np.ones(ok.num_rows, dtype=bool))
+    metrics["groups_varied"] = len(kept)
+    if cfg.samples_dynamically:
+        ok = ok.filter(pa.array(np.isin(groups, sorted(kept))))
+    metrics["trained_trajectories"] = ok.num_rows
+    return ok, metrics
+

@@ -17,3 +17,9 @@ def env_paid(completions, env_reward, **kwargs):
     """TRL's shape: what the environment paid, one per completion."""
     assert len(completions) == len(env_reward) and all(isinstance(c, str) for c in completions)
     return list(env_reward)
+
+
+def flat_even_groups(batch):
+    """Even groups score 1.0 for every sample (no signal); odd groups their sample id (they vary)."""
+    groups, samples = batch.column("group_id").to_pylist(), batch.column("sample_id").to_pylist()
+    return [1.0 if g % 2 == 0 else float(s) for g, s in zip(groups, samples)]

@@ -135,6 +135,26 @@ def test_reward_functions_of_verl_and_trl_shape_weighed_into_one_reward(cluster)
     assert "reward/paid" in m.columns
 
 
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_dynamic_sampling_rolls_out_more_groups_until_enough_vary(cluster, staleness):
+    from tests.helpers.rewards import flat_even_groups
+
+    # Half the groups never vary: round 1 keeps 2 of 4, so a second round of 4 more (2 / (2/4)) fills it.
+    p = small_pipeline("guess", groups=4, group_size=2, steps=2, reward_fn=flat_even_groups,
+                       build_kwargs={"grpo": rose.DAPOConfig()}, staleness=staleness)
+    report = rose.run(p, cluster=cluster, progress=False)
+    m = report.metrics
+    assert m["sample_rounds"].tolist() == [2, 2] and m["groups_sampled"].tolist() == [8, 8]
+    assert m["groups_varied"].tolist() == [4, 4] and m["trajectories"].tolist() == [16, 16]
+    assert report.lost == 0 and report.duplicated == 0 and list(m["weight_version"]) == [1, 2]
+    ids = set(report.trajectories["trajectory_id"].to_pylist())
+    assert ids == {f"s{s}-g{g}-i{i}" for s in range(2) for g in range(8) for i in range(2)}
+    # GRPO on the same rewards: one round, every group trained on
+    grpo = rose.run(small_pipeline("guess", groups=4, group_size=2, steps=1, reward_fn=flat_even_groups),
+                    cluster=cluster, progress=False)
+    assert grpo.metrics["sample_rounds"].tolist() == [1] and grpo.metrics["groups_sampled"].tolist() == [4]
+
+
 def test_a_non_finite_reward_fails_its_trajectory_naming_it_and_the_run_goes_on(cluster):
     from tests.helpers.rewards import nan_for_sample_one
 
