@@ -1,5 +1,5 @@
 """`rose` command line: `rose run PIPELINE.py [--steps N] [--seed S] [--out DIR] [--resume DIR]
-[--algorithm grpo|dapo] [--track tensorboard|mlflow|wandb] [--json]`, and `rose serve-load URL [--trace FILE | --rate R --burst ...] [--duration S]`."""
+[--algorithm grpo|dapo] [--track tensorboard|mlflow|wandb] [--verbose] [--json]`, and `rose serve-load URL [--trace FILE | --rate R --burst ...] [--duration S]`."""
 from __future__ import annotations
 
 import json
@@ -48,8 +48,11 @@ def _fmt(v) -> str:
 @click.option("--track", type=click.Choice(["tensorboard", "mlflow", "wandb"]), multiple=True,
               help="also send each step's scalars and the run's settings here (repeatable; files under --out; "
                    "wandb offline unless WANDB_MODE=online)")
+@click.option("--verbose", is_flag=True, help="show the local workers' vLLM and torch messages here (default: in "
+                                               "OUT/logs/WORKER.log)")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON summary line last")
-def run_cmd(pipeline, steps, seed, out, scheduler, staleness, resume, checkpoint_every, algorithm, track, as_json):
+def run_cmd(pipeline, steps, seed, out, scheduler, staleness, resume, checkpoint_every, algorithm, track, verbose,
+            as_json):
     """Run a pipeline's RL steps and report per-step metrics."""
     import rose
     from rose.errors import RoseError
@@ -74,7 +77,8 @@ def run_cmd(pipeline, steps, seed, out, scheduler, staleness, resume, checkpoint
         p = rose.load_pipeline(pipeline)
         out = out or resume or os.path.join("runs", p.name)
         report = rose.run(p, cluster=scheduler, steps=steps, seed=seed, on_step=on_step, staleness=staleness,
-                          out=out, resume=resume, checkpoint_every=checkpoint_every, algorithm=algorithm, track=list(track))
+                          out=out, resume=resume, checkpoint_every=checkpoint_every, algorithm=algorithm,
+                          track=list(track), verbose=verbose)
     except RunError as e:
         if e.report is not None and len(e.report.metrics):
             paths = e.report.save(out)
@@ -84,7 +88,8 @@ def run_cmd(pipeline, steps, seed, out, scheduler, staleness, resume, checkpoint
     except RoseError as e:
         raise click.ClickException(str(e)) from None
     summary = report.summary
-    click.echo(f"wrote the report and checkpoints to {out}", err=True)
+    logs = "" if verbose or scheduler else f"; the workers' output to {os.path.join(out, 'logs')}"
+    click.echo(f"wrote the report and checkpoints to {out}{logs}", err=True)
     if as_json:
         click.echo(json.dumps(summary))
     else:

@@ -75,6 +75,7 @@ class Report:
     # Shard replies that failed their hash check and were fetched again, over every sync of the run,
     # with those of steps a trainer loss made the run redo (their rows are replaced in `metrics`).
     shards_refetched: int = 0
+    prepare_s: float = 0.0  # s spent preparing workers (engine builds, trainer loads) before the steps
 
     @property
     def summary(self) -> dict:
@@ -94,6 +95,7 @@ class Report:
                 "reward_last5": block(m.tail(5)), "reward_first10": block(m.head(10)),
                 "reward_last10": block(m.tail(10)),
                 "steps_s": round(float(m["step_s"].sum()), 1) if n else float("nan"),
+                "prepare_s": round(self.prepare_s, 1),
                 "trajectories": self.trajectories.num_rows, "failed": failed,
                 "lost": self.lost, "duplicated": self.duplicated, "workers_lost": self.workers_lost,
                 "trainer_restarts": self.trainer_restarts, "shards_refetched": self.shards_refetched,
@@ -107,7 +109,9 @@ class Report:
         import matplotlib.pyplot as plt
 
         m = self.metrics
-        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+        # Worker preparation (tens of seconds of engine builds) in a panel of its own: on the steps'
+        # axis it would flatten them.
+        fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(12, 4), gridspec_kw={"width_ratios": [5, 5, 1]})
         # Per-trajectory rewards spread widely (a std band would hide the trend): show each step's
         # mean and a 10-step moving average.
         ax1.plot(m["step"], m["reward_mean"], marker="o", ms=2, lw=0.8, alpha=0.6, label="mean reward")
@@ -124,6 +128,9 @@ class Report:
         ax2.set_ylabel("seconds")
         ax2.set_title("step time")
         ax2.legend()
+        ax3.bar(["workers"], [self.prepare_s], color="grey")
+        ax3.set_title(f"preparation\n{self.prepare_s:.1f} s")
+        ax3.set_ylabel("seconds")
         fig.tight_layout()
         fig.savefig(path, dpi=100)
         plt.close(fig)

@@ -25,7 +25,7 @@ class RunState:
     """The run's state between actions: the steps in flight, the rows and trajectories of finished ones."""
 
     def __init__(self, pipeline, client, steps: int, run_dir: RunDir, persist: bool, rows: list[dict],
-                 tables: list[pa.Table], trainer_restarts: int, redone: list[dict]):
+                 tables: list[pa.Table], trainer_restarts: int, redone: list[dict], prepare_s: float = 0.0):
         self.pipeline, self.client, self.steps = pipeline, client, steps
         self.run_dir, self.persist = run_dir, persist  # persist: also write the report at each checkpoint
         self.fleet: Fleet | None = None
@@ -39,6 +39,7 @@ class RunState:
         self._lost_counted = 0  # of fleet.lost, departures already in a row
         self._refetches_counted = 0  # of fleet.refetches, already in a row
         self.t_last = time.perf_counter()
+        self.prepare_s = prepare_s  # s spent preparing workers (engine builds), this run's earlier tries included
 
     def prepare(self, spec: ModelSpec, ckpt: Checkpoint | None, gone: str | None) -> None:
         """Build every worker's engine or trainer for the run, from `ckpt`'s weights if given."""
@@ -56,6 +57,7 @@ class RunState:
         await_futures(self.client, futures, self.fleet.check_trainer)
         prepared = self.client.gather(futures)
         self.fleet.synced = {a: spec.version for a in rollout_workers}
+        self.prepare_s += time.perf_counter() - t0
         logger.info("workers prepared in %.1f s: %s", time.perf_counter() - t0, prepared)
 
     def do(self, action) -> dict | None:
@@ -143,5 +145,5 @@ class RunState:
         return Report(self.pipeline.name, metrics_frame(self.rows), trajectories,
                       sum(r["lost"] for r in self.rows), sum(r["duplicated"] for r in self.rows),
                       sum(r["workers_lost"] for r in every), self.trainer_restarts,
-                      sum(r["sync_refetches"] for r in every))
+                      sum(r["sync_refetches"] for r in every), self.prepare_s)
 

@@ -56,7 +56,8 @@ def _check_placement(client: Client) -> str | None:
 def run(pipeline: Pipeline | str, cluster=None, steps: int | None = None, seed: int | None = None,
         progress: bool = True, on_step: Callable[[dict], None] | None = None,
         staleness: int | None = None, out: str | None = None, resume: str | None = None,
-        checkpoint_every: int | None = None, algorithm: str | None = None, track=None) -> Report:
+        checkpoint_every: int | None = None, algorithm: str | None = None, track=None,
+        verbose: bool = False) -> Report:
     """Run `steps` RL steps of `pipeline` and return a Report.
 
     `cluster`: None (start a LocalRoseCluster for this run), a LocalRoseCluster or any Dask cluster
@@ -69,6 +70,9 @@ def run(pipeline: Pipeline | str, cluster=None, steps: int | None = None, seed: 
     (metrics and trajectories append; `out` defaults to it). `algorithm`: "grpo" or "dapo" for every
     train node of the pipeline (None: as the pipeline says). `track`: "tensorboard", "mlflow", "wandb"
     or a list of them: each step's scalars and the run's settings go there too (`rose.tracking`).
+    `verbose`: the workers of the cluster this call starts print vLLM's and torch's messages to this
+    console; by default they go to `out/logs/WORKER.log` (a kept temporary folder without `out`), and
+    the console shows the progress and ROSE's own warnings, the workers' included.
 
         report = rose.run("pipelines/guess.py", steps=20)
         report.metrics        # pandas DataFrame, one row per step
@@ -107,13 +111,19 @@ def run(pipeline: Pipeline | str, cluster=None, steps: int | None = None, seed: 
         if cluster is None:
             from rose.runtime.cluster import LocalRoseCluster
 
-            cluster = LocalRoseCluster(pipeline.cluster, pipeline.engine)
+            logs = None if verbose else (os.path.join(out, "logs") if out else tempfile.mkdtemp(prefix="rose-logs-"))
+            cluster = LocalRoseCluster(pipeline.cluster, pipeline.engine, log_dir=logs)
             owned.append(cluster)
+            if logs:
+                logger.info("workers write their output to %s", logs)
         if isinstance(cluster, Client):
             client = cluster
         else:
             client = Client(cluster)
             owned.insert(0, client)
+        # ROSE's warnings on the workers (a reward function that failed, an environment that raised)
+        # reach this process's "rose" loggers, whatever the workers do with their own output.
+        client.forward_logging("rose", level=logging.WARNING)
         history = RunDir(resume).history(resume_from.step) if resume_from else ([], [])
         report = _run(pipeline, client, spec, steps, progress, on_step, run_dir, out is not None, resume_from,
                       history)
@@ -148,9 +158,11 @@ def _run(pipeline, client, spec, steps, progress, on_step, run_dir, persist, ckp
     rows, tables = history
     restarts, gone = 0, None
     redone: list[dict] = []  # rows of steps a trainer loss made the run do again
+    run = None
     with tqdm(total=steps, initial=len(rows), desc=pipeline.name, disable=not progress, unit="step") as bar:
         while True:
-            run = RunState(pipeline, client, steps, run_dir, persist, rows, tables, restarts, redone)
+            run = RunState(pipeline, client, steps, run_dir, persist, rows, tables, restarts, redone,
+                           run.prepare_s if run else 0.0)
             try:
                 run.prepare(spec, ckpt, gone)
                 for action in plan_run(steps, pipeline.staleness, first=len(rows)):

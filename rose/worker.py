@@ -8,18 +8,32 @@ re-exported for code that imports them from here.
 from __future__ import annotations
 
 import logging
+import os
+import sys
 
 import click
 
 from rose.runtime.coserve.host import ServingConfig
 from rose.runtime.coserve.slo import RolloutCaps, SloConfig
-from rose.runtime.protocol import DEFAULT_SITE, PLUGIN_NAME, ROLES, ROLLOUT_ROLES, ModelSpec
+from rose.runtime.protocol import DEFAULT_SITE, PLUGIN_NAME, ROLES, ROLLOUT_ROLES, WORKER_LOG_ENV, ModelSpec
 from rose.runtime.worker.plugin import RoseWorker, prepare_worker, rose_worker, rose_worker_of
 
 __all__ = ["ROLES", "ROLLOUT_ROLES", "ModelSpec", "RoseWorker", "dask_setup", "prepare_worker", "rose_worker",
            "rose_worker_of"]
 
 logger = logging.getLogger("rose.worker")
+
+
+def _log_to_file(path: str) -> None:
+    """Send this process's stdout and stderr to `path` (appending), at the file descriptors: vLLM's,
+    torch's and the C++ libraries' messages are written there, not through a Python logger."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
 
 
 def _parse_cores(value: str | None) -> tuple[int, ...] | None:
@@ -53,6 +67,8 @@ def _parse_cores(value: str | None) -> tuple[int, ...] | None:
                    "a train step runs (asynchronous runs overlap rollouts with training elsewhere)")
 async def dask_setup(worker, rose_role, rose_cores, rose_site, rose_serving_model, rose_http_port, rose_http_host,
                      rose_ttft_ms, rose_tpot_ms, rose_rollout_seqs, rose_slots, rose_elastic, rose_colocated):
+    if os.environ.get(WORKER_LOG_ENV):  # before anything loads vLLM or a model
+        _log_to_file(os.environ[WORKER_LOG_ENV])
     if rose_colocated and rose_role != "dedicated":
         raise click.BadParameter(f"is for --rose-role dedicated, not {rose_role!r}", param_hint="--rose-colocated")
     serving = None

@@ -47,7 +47,7 @@ def build_model(cfg: ModelConfig, tokenizer: PreTrainedTokenizerFast, seed: int 
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        torch_dtype="float32",
+        dtype="float32",
     )
     torch.manual_seed(seed)
     return LlamaForCausalLM(llama)

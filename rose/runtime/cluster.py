@@ -24,6 +24,7 @@ from rose.config import ClusterConfig, EngineConfig
 from rose.errors import ConfigError
 from rose.runtime.engine.vllm_engine import cpu_kvcache_space_gib
 from rose.runtime.placement.elastic import elastic_target
+from rose.runtime.protocol import WORKER_LOG_ENV
 
 logger = logging.getLogger("rose.cluster")
 ELASTIC_PREFIX = "elastic-"
@@ -68,7 +69,8 @@ def _comm_options(security: Security | None) -> dict:
 
 
 def _worker_spec(role: str, cores: tuple[int, ...], nthreads: int, engine: EngineConfig, name: str,
-                 site: str, extra_argv: tuple[str, ...] = (), comm: dict | None = None) -> dict:
+                 site: str, extra_argv: tuple[str, ...] = (), comm: dict | None = None,
+                 log_dir: str | None = None) -> dict:
     env = {
         "OMP_NUM_THREADS": str(len(cores)),
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
@@ -76,6 +78,8 @@ def _worker_spec(role: str, cores: tuple[int, ...], nthreads: int, engine: Engin
         "HF_HUB_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",
     }
+    if log_dir is not None:  # the worker writes its stdout and stderr there (rose.worker)
+        env[WORKER_LOG_ENV] = os.path.join(log_dir, f"{name}.log")
     return {
         "cls": Nanny,
         "options": {
@@ -111,32 +115,35 @@ class LocalRoseCluster(SpecCluster):
             report = rose.run(PIPELINE, cluster=cluster, steps=2)
 
     `security`: a `distributed.Security`; with TLS certificates in it the whole cluster runs over
-    `tls://` (see the module docstring). None: plain TCP.
+    `tls://` (see the module docstring). None: plain TCP. `log_dir`: each worker writes its stdout and
+    stderr (vLLM's and torch's messages) to `log_dir/NAME.log` instead of this process's console; its
+    ROSE warnings still reach the driver (`rose.run` forwards them). None: the console.
     """
 
     def __init__(self, config: ClusterConfig = ClusterConfig(), engine: EngineConfig = EngineConfig(),
-                 security: Security | None = None, **kwargs):
+                 security: Security | None = None, log_dir: str | None = None, **kwargs):
         self.config = config
         self.engine_config = engine
+        self.log_dir = log_dir
         # The same options for every process this cluster starts, now and later (elastic workers).
         self._comm = comm = _comm_options(security)
         trainer_cores, dedicated_cores = _core_plan(config)
         workers = {"trainer-0": _worker_spec("trainer", trainer_cores, 2, engine, "trainer-0", config.trainer_site,
-                                             comm=comm)}
+                                             comm=comm, log_dir=log_dir)}
         slots = ("--rose-slots", str(config.dedicated_slots)) if config.dedicated_slots else ()
         self._trainer_cores = set(trainer_cores)
         for i, cores in enumerate(dedicated_cores[:config.num_dedicated]):
             name = f"dedicated-{i}"
             site = config.dedicated_sites[i] if config.dedicated_sites else config.trainer_site
             workers[name] = _worker_spec("dedicated", cores, engine.rollout_slots, engine, name, site,
-                                         slots + self._colocated(cores), comm)
+                                         slots + self._colocated(cores), comm, log_dir)
         for i, cores in enumerate(dedicated_cores[config.num_dedicated:]):
             name = f"serving-{i}"
             argv = ("--rose-serving-model", config.serving_model, "--rose-ttft-ms", str(config.serving_ttft_ms),
                     "--rose-tpot-ms", str(config.serving_tpot_ms),
                     "--rose-rollout-seqs", str(config.serving_rollout_seqs))
             workers[name] = _worker_spec("serving", cores, engine.rollout_slots, engine, name, config.trainer_site,
-                                         argv, comm)
+                                         argv, comm, log_dir)
         scheduler = {"cls": Scheduler, "options": {
             # without the dashboard the scheduler still serves /health on HTTP: any free port, then
             "dashboard": config.dashboard, "dashboard_address": ":8787" if config.dashboard else ":0",
@@ -176,7 +183,8 @@ class LocalRoseCluster(SpecCluster):
         # dedicated workers' own.
         slots = ("--rose-slots", str(cfg.elastic.worker_slots))
         spec = _worker_spec("dedicated", cores, self.engine_config.rollout_slots, self.engine_config, name,
-                            cfg.trainer_site, (*slots, *self._colocated(cores), "--rose-elastic"), self._comm)
+                            cfg.trainer_site, (*slots, *self._colocated(cores), "--rose-elastic"), self._comm,
+                            self.log_dir)
         spec["cls"] = AllocatedNanny
         spec["options"]["allocation_delay_s"] = cfg.elastic.allocation_delay_s
         return {name: spec}

@@ -17,6 +17,8 @@ TOPIC = "rose-capacity"  # Worker.log_event topic of worker reports
 ROLES = ("trainer", "dedicated", "serving")  # what `--rose-role` accepts
 ROLLOUT_ROLES = ("dedicated", "serving")  # roles whose workers run rollouts
 DEFAULT_SITE = "default"  # network site of a worker started without --rose-site
+# A file a worker process writes its stdout and stderr to (set by LocalRoseCluster's `log_dir`)
+WORKER_LOG_ENV = "ROSE_WORKER_LOG"
 ROLLOUT_KEY_PREFIX = "rose-rollout-"  # a task with this key prefix is a rollout task, annotated or not
 
 

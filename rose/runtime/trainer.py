@@ -39,7 +39,7 @@ class Trainer:
 
         torch.manual_seed(seed)
         self.model_dir = model_dir
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         self.model.eval()
         self.temperature = temperature  # of the behaviour policy; the trainer scores at the same
         self.version = 0  # weights version the trainer holds; engines start at 0 too
@@ -66,7 +66,7 @@ class Trainer:
         from transformers import AutoModelForCausalLM
 
         state = torch.load(os.path.join(path, TRAINER_STATE), weights_only=False)
-        self.model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32)
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
         self.model.eval()
         self.opt, self._opt_state = None, state["optimizer"]
         torch.set_rng_state(state["torch_rng"])

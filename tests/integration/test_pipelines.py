@@ -198,7 +198,7 @@ def test_cli_run_prints_the_json_summary_last(cluster, tmp_path, monkeypatch):
     assert out.returncode == 0, out.stderr[-2000:]
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     assert set(summary) == {"pipeline", "steps", "reward_first5", "reward_last5", "reward_first10", "reward_last10",
-                            "steps_s", "trajectories", "failed", "lost", "duplicated", "workers_lost",
+                            "steps_s", "prepare_s", "trajectories", "failed", "lost", "duplicated", "workers_lost",
                             "trainer_restarts", "shards_refetched", "logprob_mismatch"}
     assert summary["steps"] == 2 and summary["trajectories"] == 256 and summary["lost"] == 0
     for f in ("metrics.csv", "trajectories.parquet", "summary.json", "reward.png"):
