@@ -84,3 +84,27 @@ def test_rollout_work_cannot_come_through_http(serving_cluster):
             async with http.post("/v1/rollouts", json={}) as r:
                 return r.status
     assert asyncio.run(probe()) in (404, 405)
+
+
+def test_serve_load_reads_the_same_figures_from_a_rose_serving_worker(serving_cluster):
+    from rose.runtime.coserve import traffic
+
+    url = _serving_url(serving_cluster)
+    arrivals = traffic.synthetic(4.0, 3.0, (8, 24), (4, 12), None, seed=3)
+    report = asyncio.run(traffic.play(url, arrivals, ttft_ms=10_000, tpot_ms=10_000))
+    assert report.summary()["errors"] == 0, [r.error for r in report.results][:3]
+    assert [r.tokens for r in report.results] == [a.max_tokens for a in arrivals]  # from the usage chunk
+    assert all(r.ttft_ms is not None and r.tpot_ms is not None for r in report.results)
+
+    async def usage_chunk():  # OpenAI's stream_options.include_usage, as the client asks for it
+        async with aiohttp.ClientSession(url) as http:
+            body = {"prompt": "guess", "max_tokens": 3, "stream": True, "ignore_eos": True,
+                    "stream_options": {"include_usage": True}}
+            async with http.post("/v1/completions", json=body) as r:
+                chunks = [json.loads(line[6:]) async for line in r.content
+                          if line.startswith(b"data: {")]
+            async with http.post("/v1/completions", json={**body, "stream_options": {"include_usage": 1}}) as r:
+                return chunks, r.status
+    chunks, bad = asyncio.run(usage_chunk())
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 3
+    assert all(c["choices"] for c in chunks[:-1]) and bad == 400

@@ -128,7 +128,8 @@ class ServingFrontend:
         ]
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
-    def _parse(self, body: dict) -> tuple[list[int], SamplingSpec, bool]:
+    def _parse(self, body: dict) -> tuple[list[int], SamplingSpec, bool, bool]:
+        """(prompt ids, sampling, stream, send usage at the end of the stream), or BadRequest."""
         if not isinstance(body, dict):
             raise BadRequest(400, "the body must be a JSON object")
         model = body.get("model", self.model_name)
@@ -167,12 +168,17 @@ class ServingFrontend:
         for flag in ("stream", "ignore_eos"):
             if not isinstance(body.get(flag, False), bool):
                 raise BadRequest(400, f"field {flag!r} must be true or false, got {body[flag]!r}")
+        options = body.get("stream_options") or {}
+        if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
+            raise BadRequest(400, f"field 'stream_options' must be an object with include_usage true or false, got "
+                                  f"{body['stream_options']!r}")
         stop = (self.tokenizer.eos_token_id,) if self.tokenizer.eos_token_id is not None else ()
         if body.get("ignore_eos", False):
             stop = ()
         spec = SamplingSpec(max_tokens=max_tokens, temperature=float(temperature), top_p=float(top_p),
                             stop_token_ids=stop, seed=seed)
-        return ids, spec, bool(body.get("stream", False))
+        stream = bool(body.get("stream", False))
+        return ids, spec, stream, stream and options.get("include_usage", False)
 
     async def _body(self, request: web.Request):
         """The request's JSON body, or BadRequest (400 malformed, 408 too slow, 413 too large)."""
@@ -212,7 +218,7 @@ class ServingFrontend:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         t_arrival = time.perf_counter()
         try:
-            ids, spec, stream = self._parse(await self._body(request))
+            ids, spec, stream, with_usage = self._parse(await self._body(request))
         except BadRequest as e:
             return self._refuse(e)
         except ClientGone:
@@ -259,15 +265,19 @@ class ServingFrontend:
                 return resp
             return web.json_response({"error": {"message": reason, "type": "invalid_request_error",
                                                 "code": 400}}, status=400)
+        usage = {"prompt_tokens": len(ids), "completion_tokens": len(tokens), "total_tokens": len(ids) + len(tokens)}
         if stream:
             try:
+                if with_usage:  # OpenAI's stream_options.include_usage: a last chunk with no choices
+                    chunk = {"id": rid, "object": "text_completion", "model": self.model_name, "choices": [],
+                             "usage": usage}
+                    await self._send(resp, f"data: {json.dumps(chunk)}\n\n".encode())
                 await self._send(resp, b"data: [DONE]\n\n")
                 await resp.write_eof()
             except ClientGone:  # it had every token; only the end marker was lost
                 if request.transport is not None:
                     request.transport.abort()
             return resp
-        usage = {"prompt_tokens": len(ids), "completion_tokens": len(tokens), "total_tokens": len(ids) + len(tokens)}
         text = self.tokenizer.decode(tokens, skip_special_tokens=True)
         return web.json_response({"id": rid, "object": "text_completion", "created": int(time.time()),
                                   "model": self.model_name, "usage": usage,

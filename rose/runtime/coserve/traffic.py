@@ -162,15 +162,27 @@ class LoadReport:
                 "tokens": sum(r.tokens for r in rs)}
 
 
-async def _one(http, a: Arrival, model: str, vocab: int, rng: random.Random) -> RequestResult:
+def _prompt(rng: random.Random, n: int, vocab: int | None):
+    """`n` random token ids when the server states its vocabulary (ROSE's endpoint does: exact lengths);
+    otherwise `n` random numbers as text, which any completions server takes (its tokenizer decides
+    the length: the server's usage reports it)."""
+    if vocab:
+        return [rng.randrange(5, vocab) for _ in range(n)]
+    return " ".join(str(rng.randrange(100)) for _ in range(n))
+
+
+async def _one(http, a: Arrival, model: str, vocab: int | None, rng: random.Random) -> RequestResult:
+    """One streamed request, timed from its chunks: the first chunk that carries a choice is the first
+    token; the token count is the server's `usage` (asked for with OpenAI's stream_options), else the
+    chunks' token_ids, else one per chunk."""
     import aiohttp
 
     res = RequestResult(a)
-    prompt = [rng.randrange(5, vocab) for _ in range(a.prompt_tokens)]
-    body = {"model": model, "prompt": prompt, "max_tokens": a.max_tokens, "stream": True, "ignore_eos": True,
-            "temperature": 1.0}
+    body = {"model": model, "prompt": _prompt(rng, a.prompt_tokens, vocab), "max_tokens": a.max_tokens,
+            "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True, "temperature": 1.0}
     t0 = time.perf_counter()
     t_first = t_last = None
+    counted, usage = 0, None
     try:
         async with http.post("/v1/completions", json=body) as r:
             res.status = r.status
@@ -180,14 +192,20 @@ async def _one(http, a: Arrival, model: str, vocab: int, rng: random.Random) -> 
             async for line in r.content:
                 if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
                     continue
-                n = len(json.loads(line[6:])["choices"][0].get("token_ids", []))
-                if n:
+                chunk = json.loads(line[6:])
+                usage = chunk.get("usage") or usage
+                for choice in chunk.get("choices") or ():
                     t_last = time.perf_counter()
                     t_first = t_first or t_last
-                    res.tokens += n
+                    counted += len(choice.get("token_ids") or ()) or 1
     except (OSError, asyncio.TimeoutError, aiohttp.ClientError) as e:  # e.g. the server closed the connection
         res.error = f"{type(e).__name__}: {e}"
         return res
+    except (ValueError, AttributeError, TypeError) as e:  # a chunk that is not an OpenAI completion chunk
+        res.error = f"malformed stream chunk: {type(e).__name__}: {e}"
+        return res
+    res.tokens = int(usage["completion_tokens"]) if isinstance(usage, dict) and "completion_tokens" in usage \
+        else counted
     if t_first is not None:
         res.ttft_ms = (t_first - t0) * 1e3
         if res.tokens > 1:
@@ -209,7 +227,7 @@ async def play(url: str, arrivals: list[Arrival], ttft_ms: float, tpot_ms: float
                                      connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=5.0)) as http:
         async with http.get("/v1/models") as r:
             info = (await r.json())["data"][0]
-        model, vocab = info["id"], int(info.get("vocab_size", 32))
+        model, vocab = info["id"], info.get("vocab_size")  # vocab_size: ROSE's endpoint says it; others need not
         start = time.perf_counter()
         tasks = []
         for a in arrivals:
