@@ -7,12 +7,13 @@
 """
 import rose.ops  # noqa: F401  (registers the built-in ops for graphs built anywhere)
 from rose.config import ClusterConfig, DAPOConfig, EngineConfig, GRPOConfig, ModelConfig
+from rose.ops.reward_model import RewardModel
 from rose.ops.reward_shapes import Reward, Rewards
 from rose.pipeline import Pipeline, load_pipeline
 from rose.report import Report
 
 __all__ = ["ClusterConfig", "DAPOConfig", "EngineConfig", "GRPOConfig", "LocalRoseCluster", "ModelConfig", "Pipeline", "Report",
-           "Reward", "Rewards", "load_pipeline", "run"]
+           "Reward", "RewardModel", "Rewards", "load_pipeline", "run"]
 
 
 def run(*args, **kwargs):

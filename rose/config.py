@@ -201,6 +201,10 @@ class ClusterConfig:
     dedicated_sites: tuple[str, ...] = ()  # one per dedicated worker, or empty
     num_serving: int = 0  # serving workers: a serving model online, rollouts in its spare capacity
     serving_model: str | None = None  # the model serving workers serve (a Hugging Face directory)
+    # Reward workers (`rose.RewardModel` scores there), on the trainer's cores: the reward phase runs
+    # between a step's rollouts and its training
+    num_reward: int = 0
+    reward_model: str | None = None  # their sequence-classification model (a Hugging Face directory)
     serving_ttft_ms: float = 1000.0  # their SLOs
     serving_tpot_ms: float = 100.0
     serving_rollout_seqs: int = 64  # at most this many rollout sequences on a serving worker (its memory budget)
@@ -232,6 +236,9 @@ class ClusterConfig:
                      ">= 1, or serving workers (num_serving) to run rollouts")
         config_check(self.num_serving == 0 or bool(self.serving_model), c, "serving_model", self.serving_model,
                      "a model directory when num_serving > 0")
+        _positive(c, "num_reward", self.num_reward, allow_zero=True)
+        config_check(self.num_reward == 0 or bool(self.reward_model), c, "reward_model", self.reward_model,
+                     "a model directory when num_reward > 0")
         config_check(bool(self.trainer_site), c, "trainer_site", self.trainer_site, "a non-empty site name")
         config_check(not self.dedicated_sites or (len(self.dedicated_sites) == self.num_dedicated
                                                   and all(self.dedicated_sites)),

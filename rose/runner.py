@@ -25,6 +25,7 @@ from distributed import Client
 from rose.checkpoint import RunDir
 from rose.errors import ConfigError, RunError
 from rose.fleet import TrainerLost, roles_of
+from rose.ops.reward_model import needs_reward_worker
 from rose.pipeline import Pipeline, load_pipeline, overridden
 from rose.report import Report
 from rose.run_state import RunState
@@ -154,6 +155,11 @@ def _run(pipeline, client, spec, steps, progress, on_step, run_dir, persist, ckp
                           "`dask worker ... --preload rose.worker --rose-role trainer`")
     if not rollout_addresses(roles):
         raise ConfigError(f"the cluster has no rollout worker (roles: {roles})")
+    if not roles.get("reward") and any(n.op == "reward" and needs_reward_worker(n.params.get("fn"))
+                                       for n in pipeline.build(0).nodes.values()):
+        raise ConfigError(f"the pipeline scores with rose.RewardModel, and the cluster has no reward worker (roles: "
+                          f"{roles}); start one with `dask worker ... --preload rose.worker --rose-role reward "
+                          f"--rose-reward-model DIR`, or ClusterConfig(num_reward=1, reward_model=DIR)")
     _check_placement(client)
     rows, tables = history
     restarts, gone = 0, None

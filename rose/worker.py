@@ -1,5 +1,6 @@
-"""The preload of ROSE workers: `dask worker SCHED --preload rose.worker --rose-role {trainer,dedicated,serving}
-[--rose-site S]` (serving workers also take `--rose-serving-model DIR [--rose-http-port P]`).
+"""The preload of ROSE workers: `dask worker SCHED --preload rose.worker --rose-role {trainer,dedicated,serving,reward}
+[--rose-site S]` (serving workers also take `--rose-serving-model DIR [--rose-http-port P]`; reward
+workers `--rose-reward-model DIR`).
 
 It reads these options and installs the `RoseWorker` plugin (`rose.runtime.worker.plugin`), which
 does the work. The plugin's task entry points and the protocol's names (`rose.runtime.protocol`) are
@@ -58,6 +59,7 @@ def _parse_cores(value: str | None) -> tuple[int, ...] | None:
 @click.option("--rose-tpot-ms", type=float, default=100.0, show_default=True, help="serving role: TPOT SLO")
 @click.option("--rose-rollout-seqs", type=int, default=64, show_default=True,
               help="serving role: at most this many rollout sequences in flight (the memory budget)")
+@click.option("--rose-reward-model", default=None, help="reward role: a sequence-classification model directory")
 @click.option("--rose-slots", type=click.IntRange(min=1), default=None,
               help="dedicated role: rollout sequences run at once [default: twice the engine's max_num_seqs]")
 @click.option("--rose-elastic", is_flag=True, default=False,
@@ -66,7 +68,8 @@ def _parse_cores(value: str | None) -> tuple[int, ...] | None:
               help="dedicated role: this worker shares its device with the trainer and takes no rollouts while "
                    "a train step runs (asynchronous runs overlap rollouts with training elsewhere)")
 async def dask_setup(worker, rose_role, rose_cores, rose_site, rose_serving_model, rose_http_port, rose_http_host,
-                     rose_ttft_ms, rose_tpot_ms, rose_rollout_seqs, rose_slots, rose_elastic, rose_colocated):
+                     rose_ttft_ms, rose_tpot_ms, rose_rollout_seqs, rose_reward_model, rose_slots, rose_elastic,
+                     rose_colocated):
     if os.environ.get(WORKER_LOG_ENV):  # before anything loads vLLM or a model
         _log_to_file(os.environ[WORKER_LOG_ENV])
     if rose_colocated and rose_role != "dedicated":
@@ -78,7 +81,8 @@ async def dask_setup(worker, rose_role, rose_cores, rose_site, rose_serving_mode
         serving = ServingConfig(rose_serving_model, rose_http_host, rose_http_port,
                                 SloConfig(rose_ttft_ms, rose_tpot_ms), RolloutCaps(max_seqs=rose_rollout_seqs))
     plugin = RoseWorker(role=rose_role, cores=_parse_cores(rose_cores), site=rose_site, elastic=rose_elastic,
-                        max_slots=rose_slots, colocated=rose_colocated, serving=serving)
+                        max_slots=rose_slots, colocated=rose_colocated, serving=serving,
+                        reward_model=rose_reward_model)
     if rose_role in ROLLOUT_ROLES and worker.state.nthreads < 16:
         logger.warning("rollout worker %s has %d threads: at most %d rollout tasks run on it at once; start it "
                        "with --nthreads 128", worker.address, worker.state.nthreads, worker.state.nthreads)

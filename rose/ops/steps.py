@@ -10,6 +10,7 @@ from rose.graph.lower import Ref, TaskSpec, task_key
 from rose.graph.node import PortType
 from rose.graph.ops import Op, register_op
 from rose.ops.reward import apply_reward
+from rose.ops.reward_model import needs_reward_worker
 from rose.ops.reward_shapes import Reward, Rewards, shape_of
 from rose.ops.rollout import RolloutSpec, finish_rollout, run_rollout
 from rose.ops.train import sync_weights, train_metrics, train_step
@@ -116,10 +117,11 @@ class RewardOp(Op):
 
     def lower(self, node, ctx, inputs):
         fn = node.params.get("fn")
+        role = "reward" if needs_reward_worker(fn) else None  # a RewardModel scores on a reward worker
         tasks, outs = [], []
         for i, ref in enumerate(inputs["trajectories"]):
             key = task_key(ctx, node, i)
-            tasks.append(TaskSpec(key, apply_reward, (ref, fn)))
+            tasks.append(TaskSpec(key, apply_reward, (ref, fn), role=role))
             outs.append(Ref(key))
         return tasks, {"trajectories": outs}
 

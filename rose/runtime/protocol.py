@@ -14,7 +14,7 @@ from rose.config import EngineConfig
 
 PLUGIN_NAME = "rose"  # name of the scheduler plugin and of the worker plugin
 TOPIC = "rose-capacity"  # Worker.log_event topic of worker reports
-ROLES = ("trainer", "dedicated", "serving")  # what `--rose-role` accepts
+ROLES = ("trainer", "dedicated", "serving", "reward")  # what `--rose-role` accepts
 ROLLOUT_ROLES = ("dedicated", "serving")  # roles whose workers run rollouts
 DEFAULT_SITE = "default"  # network site of a worker started without --rose-site
 # A file a worker process writes its stdout and stderr to (set by LocalRoseCluster's `log_dir`)

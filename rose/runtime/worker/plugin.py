@@ -35,7 +35,7 @@ class RoseWorker(WorkerPlugin):
 
     def __init__(self, role: str, cores: tuple[int, ...] | None = None, site: str = DEFAULT_SITE,
                  elastic: bool = False, max_slots: int | None = None, colocated: bool = False,
-                 serving: ServingConfig | None = None):
+                 serving: ServingConfig | None = None, reward_model: str | None = None):
         if role not in ROLES:
             raise ConfigError(f"unknown ROSE worker role {role!r}; choose one of {list(ROLES)}")
         if not site:
@@ -44,6 +44,8 @@ class RoseWorker(WorkerPlugin):
             raise ConfigError(f"--rose-colocated is for dedicated rollout workers, not role {role!r}")
         if role == "serving" and serving is None:
             raise ConfigError("a worker of role 'serving' needs its serving model (--rose-serving-model DIR)")
+        if (role == "reward") != (reward_model is not None):
+            raise ConfigError("a worker of role 'reward' needs its model (--rose-reward-model DIR), and only it takes one")
         self.role = role
         self.cores = cores  # CPU cores this worker's compute is bound to (None: leave as is)
         self.site = site  # network site: workers that share a fast network (weight sync topology)
@@ -52,6 +54,7 @@ class RoseWorker(WorkerPlugin):
         self.colocated = colocated
         self.max_slots = max_slots  # dedicated role: rollout sequences at once (None: twice the engine's max_num_seqs)
         self.serving = serving  # serving role: the model it serves online, its HTTP endpoint and SLO
+        self.reward_model = reward_model  # reward role: the sequence-classification model it scores with
         self.slot_cap: int | None = None  # an operator's limit on the slots reported (0 drains the worker)
         self.address: str | None = None
         self.worker = None
@@ -88,6 +91,10 @@ class RoseWorker(WorkerPlugin):
             return TrainerHost(self.address, self.weights, self.cores)
         if self.role == "dedicated":
             return RolloutHost(self.address, self.weights, self.cores, self.max_slots)
+        if self.role == "reward":
+            from rose.runtime.worker.reward_host import RewardHost
+
+            return RewardHost(self.address, self.weights, self.reward_model, self.cores)
         return ServingHost(self.address, self.weights, self.serving, self.cores)
 
     def teardown(self, worker):
