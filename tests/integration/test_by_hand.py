@@ -118,7 +118,7 @@ def test_unknown_role_is_refused(by_hand):
     out = subprocess.run([os.path.join(BIN, "dask"), "worker", addr, "--preload", "rose.worker", "--rose-role", "gpu",
                           "--no-nanny", "--death-timeout", "10"], capture_output=True, text=True, timeout=120, env=ENV)
     text = out.stdout + out.stderr
-    assert "'gpu' is not one of 'trainer', 'dedicated', 'serving'" in text, text[-2000:]
+    assert "'gpu' is not one of 'trainer', 'dedicated', 'serving', 'reward'" in text, text[-2000:]
     # ...and by the plugin, for a report that names an unknown role.
     trainer = next(iter(client.scheduler_info(n_workers=-1)["workers"]))
 
