@@ -12,8 +12,8 @@ from rose.ops.reward_shapes import Reward, Rewards
 from rose.pipeline import Pipeline, load_pipeline
 from rose.report import Report
 
-__all__ = ["ClusterConfig", "DAPOConfig", "EngineConfig", "GRPOConfig", "LocalRoseCluster", "ModelConfig", "Pipeline", "Report",
-           "Reward", "RewardModel", "Rewards", "load_pipeline", "run"]
+__all__ = ["ClusterConfig", "DAPOConfig", "EngineConfig", "GRPOConfig", "LocalRoseCluster", "ModelConfig", "Pipeline",
+           "Report", "Reward", "RewardModel", "Rewards", "load_pipeline", "run"]
 
 
 def run(*args, **kwargs):

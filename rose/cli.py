@@ -1,5 +1,6 @@
 """`rose` command line: `rose run PIPELINE.py [--steps N] [--seed S] [--out DIR] [--resume DIR]
-[--algorithm grpo|dapo] [--track tensorboard|mlflow|wandb] [--verbose] [--json]`, and `rose serve-load URL [--trace FILE | --rate R --burst ...] [--duration S]`."""
+[--algorithm grpo|dapo] [--track tensorboard|mlflow|wandb] [--verbose] [--json]`, and
+`rose serve-load URL [--trace FILE | --rate R --burst ...] [--duration S]`."""
 from __future__ import annotations
 
 import json

@@ -145,7 +145,8 @@ class GRPOConfig:
         config_check(isinstance(self.overlong_max_tokens, int) and self.overlong_max_tokens >= 0, c,
                      "overlong_max_tokens", self.overlong_max_tokens, "an int >= 0 (0: off)")
         config_check(isinstance(self.overlong_buffer, int) and 0 <= self.overlong_buffer <= self.overlong_max_tokens,
-                     c, "overlong_buffer", self.overlong_buffer, f"an int in [0, overlong_max_tokens={self.overlong_max_tokens}]")
+                     c, "overlong_buffer", self.overlong_buffer,
+                     f"an int in [0, overlong_max_tokens={self.overlong_max_tokens}]")
         _positive(c, "overlong_penalty", self.overlong_penalty, allow_zero=True)
 
     @property

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import time
-
 from dataclasses import replace
 
 import pyarrow as pa
@@ -21,8 +20,8 @@ from rose.graph import LowerContext, get_op, lower
 from rose.graph.lower import Ref
 from rose.graph.submit import submit
 from rose.ledger import reconcile
-from rose.report import step_row
 from rose.ops.train import train_step
+from rose.report import step_row
 from rose.runtime.dapo import more_groups, varied_groups
 from rose.runtime.protocol import rollout_addresses
 from rose.runtime.trajectory import concat, mark_failed
@@ -53,7 +52,7 @@ def _the(graph, phase: str):
 
 
 class Step:
-    def __init__(self, client, fleet, step: int, version: int, graph, lowered, pipeline=None, ctx=None):
+    def __init__(self, client, fleet, step: int, version: int, graph, lowered, pipeline, ctx: LowerContext):
         self.client, self.fleet, self.step, self.version = client, fleet, step, version
         self.lowered, self.pipeline, self.ctx = lowered, pipeline, ctx
         self.train, self.sync = _the(graph, "train"), _the(graph, "sync")

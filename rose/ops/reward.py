@@ -100,8 +100,8 @@ def _terms(fn) -> tuple[tuple[Reward, ...], bool]:
 
 def apply_reward(batch: pa.RecordBatch, fn: RewardFn | Reward | Rewards | dict | None = None) -> pa.RecordBatch:
     """Task: fill the reward column of `batch` with `fn` (default `env_reward`; a `Rewards`, or a dict
-    `Rewards.of` takes: the weighted sum of its terms, each kept in reward_terms); rows it cannot score become failed with the reason (see
-    the module docstring)."""
+    `Rewards.of` takes: the weighted sum of its terms, each kept in reward_terms); rows it cannot score
+    become failed with the reason (see the module docstring)."""
     terms, keep = _terms(fn)
     ok = pc.not_equal(batch.column("finish_reason"), "failed").to_numpy(zero_copy_only=False)
     rewards = np.full(batch.num_rows, np.nan, dtype=np.float32)

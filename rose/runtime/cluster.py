@@ -145,8 +145,9 @@ class LocalRoseCluster(SpecCluster):
             workers[name] = _worker_spec("serving", cores, engine.rollout_slots, engine, name, config.trainer_site,
                                          argv, comm, log_dir)
         for i in range(config.num_reward):
-            workers[f"reward-{i}"] = _worker_spec("reward", trainer_cores, 4, engine, f"reward-{i}", config.trainer_site,
-                                                  ("--rose-reward-model", config.reward_model), comm, log_dir)
+            workers[f"reward-{i}"] = _worker_spec("reward", trainer_cores, 4, engine, f"reward-{i}",
+                                                  config.trainer_site, ("--rose-reward-model", config.reward_model),
+                                                  comm, log_dir)
         scheduler = {"cls": Scheduler, "options": {
             # without the dashboard the scheduler still serves /health on HTTP: any free port, then
             "dashboard": config.dashboard, "dashboard_address": ":8787" if config.dashboard else ":0",

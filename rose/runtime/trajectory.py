@@ -169,7 +169,8 @@ def concat(batches: list[pa.RecordBatch]) -> pa.Table:
     return pa.Table.from_batches(batches, schema=TRAJECTORY_SCHEMA)
 
 
-def with_rewards(batch: pa.RecordBatch | pa.Table, rewards, terms: list[dict] | None = None) -> pa.RecordBatch | pa.Table:
+def with_rewards(batch: pa.RecordBatch | pa.Table, rewards,
+                 terms: list[dict] | None = None) -> pa.RecordBatch | pa.Table:
     """Return `batch` with its reward column replaced (float32, one per row), and with `terms` (one dict
     name -> value per row) its reward_terms column too."""
     idx = batch.schema.get_field_index("reward")

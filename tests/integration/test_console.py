@@ -16,7 +16,8 @@ import rose
 from rose.graph import rl_step
 from tests.helpers.rewards import nan_for_sample_one
 
-PIPELINE = rose.Pipeline(name="quiet", env="guess", steps=1, engine=rose.EngineConfig(dtype="float32", kv_cache_gib=0.5),
+PIPELINE = rose.Pipeline(name="quiet", env="guess", steps=1,
+                         engine=rose.EngineConfig(dtype="float32", kv_cache_gib=0.5),
                          build=lambda step: rl_step("quiet", "guess", 2, 2, reward=nan_for_sample_one))
 '''
 

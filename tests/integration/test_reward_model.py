@@ -78,7 +78,8 @@ def test_a_model_that_is_not_a_one_label_classifier_is_refused(tmp_path):
     from rose.runtime.worker.reward_host import RewardHost
 
     two = build_reward_model(str(tmp_path / "two-labels"), num_labels=2)
-    for d, words in ((two, "has 2 labels; a reward model scores with one"), (str(tmp_path / "missing"),
-                                                                            "does not load as a sequence-classification")):
+    missing = str(tmp_path / "missing")
+    for d, words in ((two, "has 2 labels; a reward model scores with one"),
+                     (missing, "does not load as a sequence-classification")):
         with pytest.raises(ModelError, match=words):
             asyncio.run(RewardHost("w", None, d).start())

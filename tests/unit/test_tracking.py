@@ -8,7 +8,8 @@ from rose.errors import ConfigError
 from rose.graph import rl_step
 from rose.tracking import Tracking, scalars, settings
 
-PIPELINE = rose.Pipeline(name="p", env="guess", build=lambda s: rl_step("g", "guess", 2, 2, grpo=rose.DAPOConfig(lr=1e-3)))
+PIPELINE = rose.Pipeline(name="p", env="guess",
+                         build=lambda s: rl_step("g", "guess", 2, 2, grpo=rose.DAPOConfig(lr=1e-3)))
 
 
 def test_scalars_are_the_rows_finite_numbers_and_settings_are_flat():
@@ -20,7 +21,8 @@ def test_scalars_are_the_rows_finite_numbers_and_settings_are_flat():
 
 
 def test_an_unknown_tracker_is_refused_naming_the_choices(tmp_path):
-    with pytest.raises(ConfigError, match=r"track='neptune' is not allowed: one of \('tensorboard', 'mlflow', 'wandb'\)"):
+    choices = r"\('tensorboard', 'mlflow', 'wandb'\)"
+    with pytest.raises(ConfigError, match=rf"track='neptune' is not allowed: one of {choices}"):
         Tracking(["neptune"], PIPELINE, str(tmp_path))
     assert Tracking(None, PIPELINE, str(tmp_path)).trackers == []
 

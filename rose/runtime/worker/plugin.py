@@ -45,7 +45,8 @@ class RoseWorker(WorkerPlugin):
         if role == "serving" and serving is None:
             raise ConfigError("a worker of role 'serving' needs its serving model (--rose-serving-model DIR)")
         if (role == "reward") != (reward_model is not None):
-            raise ConfigError("a worker of role 'reward' needs its model (--rose-reward-model DIR), and only it takes one")
+            raise ConfigError("a worker of role 'reward' needs its model (--rose-reward-model DIR), and only it "
+                              "takes one")
         self.role = role
         self.cores = cores  # CPU cores this worker's compute is bound to (None: leave as is)
         self.site = site  # network site: workers that share a fast network (weight sync topology)
