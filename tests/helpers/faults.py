@@ -1,6 +1,7 @@
 """Faults injected into a live worker with `client.run` (tests and benchmarks/chaos.py): shard replies
 corrupted in transit, a receiver whose pulls never answer."""
 import asyncio
+import threading
 
 from rose.runtime.protocol import PLUGIN_NAME
 
@@ -9,9 +10,14 @@ def corrupt_next_replies(how: str = "flip", n: int = 1, dask_worker=None):
     """The next `n` shard replies this worker serves arrive bad: one byte flipped, or cut short."""
     ep = dask_worker.plugins[PLUGIN_NAME].weights
     serve, left = ep._serve, [n]
+    lock = threading.Lock()  # replies to two receivers may be served at once, in two threads: n in all, not n each
 
     def corrupted(items):
         out = serve(items)
+        with lock:
+            return _spoil(out)
+
+    def _spoil(out):
         for reply in out:
             if reply is not None and left[0] > 0:
                 key = "dense" if "dense" in reply else "values"
