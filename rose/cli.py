@@ -15,6 +15,9 @@ import click
 # the command reads. Read by distributed when it is first imported, which happens after this line.
 os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")
 
+from rose.config import ALGORITHMS  # noqa: E402  (after the setting above: rose's imports may load distributed)
+from rose.tracking import TRACKERS  # noqa: E402
+
 
 @click.group()
 def main():
@@ -43,10 +46,10 @@ def _fmt(v) -> str:
                    "--steps counts all steps, done ones too)")
 @click.option("--checkpoint-every", type=click.IntRange(min=0), default=None,
               help="checkpoint every N steps and after the last (0: never; default: the pipeline's)")
-@click.option("--algorithm", type=click.Choice(["grpo", "dapo"]), default=None,
+@click.option("--algorithm", type=click.Choice(ALGORITHMS), default=None,
               help="the train nodes' algorithm (default: the pipeline's): dapo adds clip-higher, dynamic "
                    "sampling and token-level loss")
-@click.option("--track", type=click.Choice(["tensorboard", "mlflow", "wandb"]), multiple=True,
+@click.option("--track", type=click.Choice(TRACKERS), multiple=True,
               help="also send each step's scalars and the run's settings here (repeatable; files under --out; "
                    "wandb offline unless WANDB_MODE=online)")
 @click.option("--verbose", is_flag=True, help="show the local workers' vLLM and torch messages here (default: in "

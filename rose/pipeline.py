@@ -92,4 +92,3 @@ def overridden(pipeline: Pipeline, algorithm: str | None = None, **fields) -> Pi
 
     pipeline = replace(pipeline, **{k: v for k, v in fields.items() if v is not None})
     return pipeline if algorithm is None else with_algorithm(pipeline, algorithm)
-

@@ -146,4 +146,3 @@ class RunState:
                       sum(r["lost"] for r in self.rows), sum(r["duplicated"] for r in self.rows),
                       sum(r["workers_lost"] for r in every), self.trainer_restarts,
                       sum(r["sync_refetches"] for r in every), self.prepare_s)
-

@@ -30,8 +30,8 @@ def rl_step(name: str, env: str, num_groups: int, group_size: int, *, env_kwargs
     specs = g.add("prompts", "prompts", **prompts)
     rollout = {} if rollout_retries is None else {"retries": rollout_retries}
     scored = g.add("rollout", "rollout", inputs={"specs": specs.out("specs")}, **rollout)
-    chain = [("reward", reward)] if reward is None or callable(reward) or not isinstance(reward, Sequence) else \
-        [(f"reward{i}", fn) for i, fn in enumerate(reward)]
+    chain = [(f"reward{i}", fn) for i, fn in enumerate(reward)] if isinstance(reward, Sequence) else \
+        [("reward", reward)]
     for node, fn in chain:
         scored = g.add(node, "reward", inputs={"trajectories": scored.out("trajectories")}, fn=fn)
     train = g.add("train", "train", inputs={"trajectories": scored.out("trajectories")},

@@ -75,10 +75,9 @@ def _score(term: Reward, scored: pa.RecordBatch) -> tuple[np.ndarray, list[str |
         return rewards, [_reason(msg, tid, name) for tid in ids]
     reasons: list[str | None] = []
     for i, (tid, v) in enumerate(zip(ids, values)):
-        r = None if isinstance(v, RowFailure) else as_reward(v)
         if isinstance(v, RowFailure):
             reasons.append(_reason(f"reward function {name!r} {v.message} for trajectory {tid}", tid, name))
-        elif r is None:
+        elif (r := as_reward(v)) is None:
             reasons.append(_reason(f"reward function {name!r} returned {reprlib.repr(v)} for trajectory {tid}; "
                                    f"rewards must be finite numbers (float32)", tid, name))
         else:

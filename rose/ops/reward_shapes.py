@@ -85,29 +85,32 @@ def response(actions: list[str], observations: list[str]) -> str:
     return "".join(a + o for a, o in zip_longest(actions, observations, fillvalue=""))
 
 
-def _accepted(fn, offered: dict) -> dict:
-    """The keyword arguments of `offered` that `fn` takes (all of them if it has **kwargs)."""
+def _takes(fn) -> set[str] | None:
+    """The keyword names `fn` takes; None if it takes any (**kwargs)."""
     params = inspect.signature(fn).parameters.values()
     if any(p.kind == p.VAR_KEYWORD for p in params):
-        return offered
-    names = {p.name for p in params if p.kind not in (p.POSITIONAL_ONLY, p.VAR_POSITIONAL)}
-    return {k: v for k, v in offered.items() if k in names}
+        return None
+    return {p.name for p in params if p.kind not in (p.POSITIONAL_ONLY, p.VAR_POSITIONAL)}
 
 
-def _rows(batch: pa.RecordBatch) -> list[dict]:
-    cols = {c: batch.column(c).to_pylist() for c in COLUMNS}
-    return [{c: cols[c][i] for c in COLUMNS} for i in range(batch.num_rows)]
+def _only(offered: dict, names: set[str] | None) -> dict:
+    return offered if names is None else {k: v for k, v in offered.items() if k in names}
+
+
+def _columns(batch: pa.RecordBatch) -> dict[str, list]:
+    return {c: batch.column(c).to_pylist() for c in COLUMNS}
 
 
 def call_verl(fn, batch: pa.RecordBatch) -> list:
-    out = []
-    for row in _rows(batch):
+    names, cols, out = _takes(fn), _columns(batch), []
+    for i in range(batch.num_rows):
+        row = {c: cols[c][i] for c in COLUMNS}
         extra = {k: v for k, v in row.items() if k not in ("env", "ground_truth")}
         extra["env_kwargs"] = json.loads(row["env_kwargs"] or "{}")
         offered = {"data_source": row["env"], "solution_str": response(row["actions"], row["observations"]),
                    "ground_truth": row["ground_truth"], "extra_info": extra}
         try:
-            v = fn(**_accepted(fn, offered))
+            v = fn(**_only(offered, names))
         except Exception as e:
             out.append(RowFailure(f"raised {type(e).__name__}: {e}"))
             continue
@@ -118,14 +121,12 @@ def call_verl(fn, batch: pa.RecordBatch) -> list:
 
 
 def call_trl(fn, batch: pa.RecordBatch) -> list:
-    rows = _rows(batch)
-    masks = batch.column("loss_mask").to_pylist()
-    tokens = batch.column("token_ids").to_pylist()
-    offered = {c: [r[c] for r in rows] for c in COLUMNS}
-    offered["prompts"] = [r["prompt"] for r in rows]
-    offered["completions"] = [response(r["actions"], r["observations"]) for r in rows]
+    offered = _columns(batch)
+    masks, tokens = batch.column("loss_mask").to_pylist(), batch.column("token_ids").to_pylist()
+    offered["prompts"] = offered["prompt"]
+    offered["completions"] = [response(a, o) for a, o in zip(offered["actions"], offered["observations"])]
     offered["completion_ids"] = [[t for t, m in zip(ts, ms) if m] for ts, ms in zip(tokens, masks)]
-    return list(fn(**_accepted(fn, offered)))
+    return list(fn(**_only(offered, _takes(fn))))
 
 
 def call(shape: str, fn, batch: pa.RecordBatch) -> list:

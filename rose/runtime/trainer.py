@@ -129,4 +129,3 @@ def _trainable(table: pa.Table, cfg: GRPOConfig) -> tuple[pa.Table, dict]:
         ok = ok.filter(pa.array(np.isin(groups, sorted(kept))))
     metrics["trained_trajectories"] = ok.num_rows
     return ok, metrics
-
