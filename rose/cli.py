@@ -1,6 +1,7 @@
 """`rose` command line: `rose run PIPELINE.py [--steps N] [--seed S] [--out DIR] [--resume DIR]
 [--algorithm grpo|dapo] [--track tensorboard|mlflow|wandb] [--verbose] [--json]`, and
-`rose serve-load URL [--trace FILE | --rate R --burst ...] [--duration S]`."""
+`rose serve-load URL [--trace FILE | --rate R --burst ...] [--duration S]`, and
+`rose sim CONFIG.toml [--out DIR] [--json]` (the cluster simulator)."""
 from __future__ import annotations
 
 import json
@@ -160,6 +161,37 @@ def serve_load_cmd(url, trace, time_scale, token_scale, rate, burst, diurnal, pr
         click.echo(json.dumps(summary))
     else:
         click.echo("  ".join(f"{k}={v}" for k, v in summary.items()))
+
+
+@main.command("sim")
+@click.argument("config", type=click.Path(dir_okay=False))
+@click.option("--out", type=click.Path(file_okay=False), default=None,
+              help="write results.jsonl and the plots here (default: runs/sim-NAME)")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON summary line last")
+def sim_cmd(config, out, as_json):
+    """Simulate every setup CONFIG lists under each policy; print a table per setup and write plots."""
+    from tqdm import tqdm
+
+    from rose.errors import ConfigError
+    from rose.sim import load_matrix
+    from rose.sim.compare import compare
+    from rose.sim.report import headline, table, write
+
+    try:
+        configs = load_matrix(config)
+    except ConfigError as e:
+        raise click.ClickException(str(e)) from None
+    runs = sum(len(c.policies) * max(1, len({c.train_fraction, *c.train_fractions})) for c in configs)
+    comps = []
+    with tqdm(total=runs, desc="simulating", unit="run", file=sys.stderr) as bar:
+        for cfg in configs:
+            comps.append(compare(cfg, progress=lambda *a: bar.update()))
+            bar.write(table(comps[-1]) + "\n")
+    out = out or os.path.join("runs", "sim-" + os.path.splitext(os.path.basename(config))[0])
+    paths = write(comps, out)
+    click.echo(f"wrote {', '.join(paths)}", err=True)
+    summary = headline(comps)
+    click.echo(json.dumps(summary) if as_json else "  ".join(f"{k}={v}" for k, v in summary.items()))
 
 
 if __name__ == "__main__":

@@ -153,3 +153,35 @@ def test_elastic_target():
     assert elastic_target(100, 1, 0, 0.0, cfg) == 3  # capped
     assert elastic_target(0, 2, 0, 1.0, cfg) == 2  # kept while not idle long
     assert elastic_target(0, 2, 0, 6.0, cfg) == 0  # given back after the grace
+
+
+def test_plan_migrate_moves_the_oldest_serving_groups_to_the_freest_dedicated_workers():
+    from rose.runtime.placement.policy import Running, plan_migrate
+    workers = [WorkerSlot("d1", "dedicated", 16, 8), WorkerSlot("d2", "dedicated", 16, 0),
+               WorkerSlot("s1", "serving", 32, 24)]
+    running = [Running("new", "s1", 8, placed_at=5.0), Running("old", "s1", 8, placed_at=1.0),
+               Running("mid", "s1", 8, placed_at=3.0), Running("on-ded", "d1", 8, placed_at=0.0)]
+    out = plan_migrate(running, workers, waiting=0)
+    assert [(a.key, a.worker, a.reason) for a in out] == [("old", "d2", "migrate"), ("mid", "d2", "migrate"),
+                                                            ("new", "d1", "migrate")]
+    assert plan_migrate(running, workers, waiting=1) == []  # waiting work comes first
+    assert plan_migrate(running, [WorkerSlot("s1", "serving", 32, 24)], waiting=0) == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 4), st.integers(1, 16), st.floats(0, 100)), max_size=30),
+       st.lists(st.integers(0, 64), min_size=1, max_size=5))
+def test_plan_migrate_never_overfills_a_dedicated_worker_nor_moves_a_dedicated_task(tasks, frees):
+    from rose.runtime.placement.policy import Running, plan_migrate
+    workers = [WorkerSlot(f"d{i}", "dedicated", f, 0) for i, f in enumerate(frees)]
+    workers += [WorkerSlot(f"s{i}", "serving", 64, 0) for i in range(5)]
+    running = [Running(f"t{i}", f"s{w}" if i % 3 else f"d{w % len(frees)}", width, at)
+               for i, (w, width, at) in enumerate(tasks)]
+    out = plan_migrate(running, workers, waiting=0)
+    width = {r.key: r.width for r in running}
+    origin = {r.key: r.worker for r in running}
+    for w in workers:
+        if w.role == "dedicated":
+            assert sum(width[a.key] for a in out if a.worker == w.address) <= w.free
+    assert all(origin[a.key].startswith("s") and a.worker.startswith("d") for a in out)
+    assert len({a.key for a in out}) == len(out)

@@ -165,3 +165,40 @@ def plan_shed(running: Sequence[InFlight], slots: int) -> list[str]:
         out.append(r.key)
         used -= r.width
     return out
+
+
+@dataclass(frozen=True)
+class Running:
+    """A placed, unfinished rollout task, for moving the tail (see `plan_migrate`)."""
+
+    key: str
+    worker: str
+    width: int
+    placed_at: float  # when it started there (s); the oldest has made the most progress
+
+
+def plan_migrate(running: Sequence[Running], workers: Iterable[WorkerSlot], waiting: int) -> list[Assignment]:
+    """Move the tail of a step off serving workers once dedicated workers have room and nothing waits.
+
+    A serving worker steps its rollout engine once per serving iteration, so each rollout token there
+    costs a serving step too: near the end of a step, the longest groups left on serving workers set
+    the step's time while dedicated workers sit idle. With no task waiting (`waiting` = 0), the oldest
+    groups on serving workers (most progress made: the likeliest long tail) go, as continuations, to
+    the dedicated workers with the most free slots. Returns (key, dedicated worker) assignments.
+    """
+    if waiting:
+        return []
+    roles = {w.address: w.role for w in workers}
+    free = {w.address: w.free for w in workers if w.role == "dedicated" and w.free > 0}
+    out = []
+    for r in sorted((r for r in running if roles.get(r.worker) == "serving"), key=lambda r: (r.placed_at, r.key)):
+        if not free:
+            break
+        dst = max(free, key=lambda a: (free[a], a))
+        if free[dst] < r.width:
+            continue
+        out.append(Assignment(r.key, dst, "migrate"))
+        free[dst] -= r.width
+        if free[dst] <= 0:
+            del free[dst]
+    return out

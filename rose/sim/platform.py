@@ -1,0 +1,91 @@
+"""Costs of one simulated setup, from the GPU roofline (`platform="gpu"`) or this host's measured CPU
+profile (`platform="cpu"`): engine step times, training and weight-sync times, the serving fleet."""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, replace
+from functools import lru_cache
+
+import numpy as np
+
+from rose.runtime.coserve.slo import SloConfig
+from rose.sim.config import SimConfig
+from rose.sim.costs import GPUS, MODELS, CostModel, LinearCost, load_cpu_profile, train_seconds
+from rose.sim.serving import RequestShape, ServingFleet, request_shape
+from rose.sim.sync import SyncTimes, sync_times
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+AZURE_CSV = os.path.join(ROOT, "benchmarks", "data", "azure_llm_inference_2023_conv.csv")
+
+
+@lru_cache(maxsize=4)
+def _shape(path: str) -> RequestShape:
+    return request_shape(path)
+
+
+@dataclass
+class Platform:
+    roll: LinearCost  # a dedicated rollout instance
+    fleet: ServingFleet | None  # serving instances (None: no serving GPUs)
+    tp: int  # devices per instance
+    cfg: SimConfig
+    cpu: object = None  # the CPU profile, on platform "cpu"
+
+    def train_s(self, tokens: float, trajectories: int, gpus: int) -> float:
+        if self.cpu is not None:
+            return self.cpu.train_base_s + self.cpu.train_s_per_traj * trajectories
+        return train_seconds(GPUS[self.cfg.gpu], MODELS[self.cfg.model], tokens, gpus)
+
+    def reload_s(self) -> float:
+        """Colocated engines take the trainer's new weights on the same devices (NVLink-class copy)."""
+        if self.cpu is not None:
+            return self.cpu.sync_s
+        return self.roll.weight_bytes / self.tp / 200e9
+
+    def sync(self, sites: dict[str, int]) -> SyncTimes:
+        if self.cpu is not None:
+            return SyncTimes({s: self.cpu.sync_s for s in sites}, 0.0, 0.0)
+        c = self.cfg
+        return _sync_cached(tuple(sorted(sites.items())), self.roll.weight_bytes, c.intra_gbit, c.inter_gbit,
+                            c.sparse_sync, c.relays, c.changed_fraction)
+
+
+@lru_cache(maxsize=256)
+def _sync_cached(sites, weight_bytes, intra, inter, sparse, relays, changed) -> SyncTimes:
+    return sync_times(dict(sites), "job", weight_bytes, intra, inter, sparse, relays, changed)
+
+
+def mean_context(cfg: SimConfig) -> float:
+    """Mean KV tokens a rollout sequence holds: its prompt and half of what it generates."""
+    per_turn = cfg.tokens_per_turn * math.exp(cfg.length_sigma ** 2 / 2)
+    gen = min(cfg.max_tokens, per_turn * (cfg.turns_min + cfg.turns_max) / 2)
+    return cfg.prompt_tokens + gen / 2
+
+
+def build(cfg: SimConfig, rng: np.random.Generator, azure_csv: str = AZURE_CSV) -> Platform:
+    slo = SloConfig(cfg.ttft_ms, cfg.tpot_ms, margin=cfg.slo_margin)
+    shape = _shape(azure_csv)
+    if cfg.platform == "cpu":
+        prof = load_cpu_profile()
+        roll = prof.linear(max_seqs=64)
+        serve = replace(prof.linear(max_seqs=256), max_seqs=256)
+        fleet = None
+        if cfg.serving_gpus:
+            # One core serves the tiny model next to the rollout engine; memory is not what binds here.
+            fleet = ServingFleet(slo, serve, replace(roll, max_seqs=128), shape, 1e12, 1e12, 1.0, 0.0, 512, rng)
+        return Platform(roll, fleet, 1, cfg, cpu=prof)
+    gpu, model = GPUS[cfg.gpu], MODELS[cfg.model]
+    ctx = mean_context(cfg)
+    cm = CostModel(gpu, model, ctx)
+    roll = cm.linear()
+    roll = replace(roll, max_seqs=min(roll.max_seqs, cfg.max_num_seqs))
+    fleet = None
+    if cfg.serving_gpus:
+        smodel = replace(MODELS[cfg.serving_model], tp=model.tp)  # serving shares the rollout instance's devices
+        scm = CostModel(gpu, smodel, shape.prompt_mean + shape.gen_mean / 2)
+        usable = gpu.memory_gb * model.tp * 0.9 * 1e9
+        rollout_kv = usable - model.weight_bytes - smodel.weight_bytes  # bytes for both KV caches
+        fleet = ServingFleet(slo, scm.linear(), roll, shape, rollout_kv, usable - smodel.weight_bytes,
+                             ctx * model.kv_bytes_per_token, smodel.kv_bytes_per_token, 512, rng)
+    return Platform(roll, fleet, model.tp, cfg)

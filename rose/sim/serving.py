@@ -1,0 +1,110 @@
+"""Serving GPUs in the simulation: their load, what the real SLO controller lets rollout have, and
+whether serving kept its SLO.
+
+Each load tick a serving instance's request rate gives its decode batch by Little's law (a request
+decodes for its generated tokens, one a step) and the prefill tokens a step sees; the step time then
+follows from the cost model, which the batch in turn depends on, so the two are iterated to a fixed
+point. The slot offer is `SloController.rollout_capacity` (the runtime's own controller, unchanged),
+its latency models first fitted on noisy observations of the true step times, as the executor fits
+them online, then capped by the KV memory left beside serving. SLO check per tick, at the 99th
+percentile of the tick's load, with the rollout batch at the full offer: TPOT = serving step +
+rollout step (a prefill-swollen serving step runs alone: the controller lets the rollout batch wait
+it out), TTFT = the prompt's prefill chunks, each with a rollout step until the request has waited
+`ttft_guard` of its budget (the controller skips rollout after that).
+"""
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from rose.runtime.coserve.slo import RolloutCaps, SloConfig, SloController
+from rose.sim.costs import LinearCost
+
+
+@dataclass(frozen=True)
+class RequestShape:
+    prompt_mean: float  # tokens
+    prompt_p99: float
+    gen_mean: float
+
+
+def request_shape(azure_csv: str) -> RequestShape:
+    ctx, gen = [], []
+    with open(azure_csv) as f:
+        for row in csv.DictReader(f):
+            ctx.append(int(row["ContextTokens"]))
+            gen.append(int(row["GeneratedTokens"]))
+    return RequestShape(float(np.mean(ctx)), float(np.percentile(ctx, 99)), float(np.mean(gen)))
+
+
+def fitted_controller(slo: SloConfig, serving: LinearCost, rollout: LinearCost, max_seqs: int,
+                      rng: np.random.Generator, noise: float = 0.1, observations: int = 400) -> SloController:
+    """The runtime's controller, its latency models fitted on step times the cost models give with
+    lognormal noise (sigma `noise`), at the batch sizes a co-served device sees."""
+    ctl = SloController(slo, RolloutCaps(max_seqs=max_seqs, max_kv_tokens=1 << 40))
+    for _ in range(observations):
+        s_tok = int(rng.integers(1, 600))
+        r_tok = int(rng.integers(1, max(2, max_seqs)))
+        ctl.serving_model.observe(s_tok, serving.decode_ms(s_tok) * float(rng.lognormal(0, noise)))
+        ctl.rollout_model.observe(r_tok, rollout.decode_ms(r_tok) * float(rng.lognormal(0, noise)))
+    return ctl
+
+
+class ServingFleet:
+    """The serving side of every serving instance of one kind (same GPU, same two models)."""
+
+    def __init__(self, slo: SloConfig, serving: LinearCost, rollout: LinearCost, shape: RequestShape,
+                 kv_budget_tokens_rollout: float, serving_kv_capacity: float, rollout_token_bytes: float,
+                 serving_token_bytes: float, prefill_chunk: int, rng: np.random.Generator):
+        self.slo, self.serving, self.rollout, self.shape = slo, serving, rollout, shape
+        self.rollout_kv_bytes = kv_budget_tokens_rollout  # bytes left for rollout KV with no serving KV
+        self.serving_kv_capacity = serving_kv_capacity  # bytes serving may use for KV
+        self.rollout_seq_bytes = rollout_token_bytes  # KV bytes of one rollout sequence
+        self.serving_token_bytes = serving_token_bytes
+        self.chunk = prefill_chunk
+        self.controller = fitted_controller(slo, serving, rollout, rollout.max_seqs, rng)
+        self._offer: dict[int, int] = {}
+
+    def offer(self, decodes: int) -> int:
+        """Rollout sequences the controller offers beside `decodes` serving decodes (memoised: the
+        controller's models are fixed once fitted)."""
+        v = self._offer.get(decodes)
+        if v is None:
+            v = self._offer[decodes] = self.controller.rollout_capacity(decodes)
+        return v
+
+    def load(self, rate: np.ndarray, rollout_n: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(decode batch, prefill tokens a step, serving step ms) of each instance at `rate` req/s."""
+        sh, s = self.shape, self.serving
+        period = np.full(rate.shape, s.a_ms / 1e3)
+        for _ in range(4):
+            b = rate * sh.gen_mean * period
+            pre = rate * sh.prompt_mean * period
+            s_ms = np.where(rate > 0, s.a_ms + s.b_ms * b + s.prefill_ms_per_token * pre, 0.0)
+            r_ms = np.where(rollout_n > 0, self.rollout.a_ms + self.rollout.b_ms * rollout_n, 0.0)
+            period = np.maximum((s_ms + r_ms) / 1e3, 1e-4)
+        return b, pre, s_ms
+
+    def memory_slots(self, decodes99: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(rollout sequences that fit beside serving's KV, serving's KV use as a fraction)."""
+        serving_kv = decodes99 * (self.shape.prompt_mean + self.shape.gen_mean) * self.serving_token_bytes
+        slots = np.floor(np.maximum(0.0, self.rollout_kv_bytes - serving_kv) / self.rollout_seq_bytes)
+        return np.minimum(slots, self.rollout.max_seqs).astype(int), serving_kv / self.serving_kv_capacity
+
+    def slo_ok(self, decodes: float, rollout_n: float) -> tuple[bool, float, float]:
+        """(kept, TPOT p99 ms, TTFT p99 ms) of one instance over a tick."""
+        s, r = self.serving, self.rollout
+        b99 = decodes + 2.33 * math.sqrt(decodes)
+        r_ms = r.decode_ms(rollout_n)
+        tpot = max(s.decode_ms(b99) + r_ms if decodes > 0 else 0.0,
+                   s.decode_ms(b99) + s.prefill_ms_per_token * self.chunk)
+        t, left, guard = 0.0, self.shape.prompt_p99, self.slo.ttft_guard * self.slo.ttft_ms
+        t += s.decode_ms(b99) + r_ms  # the iteration in progress when the request arrives
+        while left > 0:
+            chunk = min(left, self.chunk)
+            t += s.decode_ms(b99) + s.prefill_ms_per_token * chunk + (r_ms if t < guard else 0.0)
+            left -= chunk
+        return tpot <= self.slo.tpot_ms and t <= self.slo.ttft_ms, tpot, t
