@@ -5,7 +5,9 @@ Decode step time against batch: n prompts each generate T tokens (no stop), for 
 difference over 32 steps is the decode step time at batch n, free of the prefill. A line is fitted to
 n = 1, 8, 32, 64, 128 (least squares). Prefill: n prompts of 40 tokens generating one token, less one
 decode step, per prompt token. The trainer, sync and per-step figures come from a measured
-`benchmarks/elastic_e2e.py` run (its fixed-sync rows), passed as --e2e LOG: this script writes them
+`benchmarks/elastic_e2e.py` run (its per-run JSON rows: fixed sync for the trainer, sync and per-step
+figures; ideal async's train time over fixed sync's for the contention between the two cores), passed
+as --e2e LOG: this script writes them
 beside the engine's into benchmarks/sim/cpu_profile.json.
 
     python benchmarks/sim/measure_cpu.py --e2e /path/to/elastic_e2e.log [--core 1]
@@ -92,14 +94,17 @@ def main():
     train = statistics.fmean(r["train_s"] for r in fixed)
     sync = statistics.fmean(r["sync_s"] for r in fixed)
     overhead = statistics.fmean(r["step_s"] - r["rollout_s"] - r["train_s"] - r["sync_s"] for r in fixed)
+    # The trainer beside rollouts on the other core: ideal's asynchronous runs (core 1 a dedicated worker)
+    busy = [r for r in rows if r["policy"] == "ideal" and r["staleness"] == 1]
+    contention = statistics.fmean(r["train_s"] for r in busy) / train - 1 if busy else 0.0
     prof = {"decode_a_ms": eng["decode_a_ms"], "decode_b_ms": eng["decode_b_ms"],
             "prefill_ms_per_token": eng["prefill_ms_per_token"], "train_s_per_traj": round(train / trajectories, 6),
             "train_base_s": round(max(0.0, overhead), 4), "sync_s": round(sync, 4), "cold_start_s": 8.5,
-            "weight_bytes": 1.0e6,
+            "weight_bytes": 1.0e6, "contention": round(max(0.0, contention), 4),
             "source": f"benchmarks/sim/measure_cpu.py {time.strftime('%Y-%m-%d %H:%M')} UTC: decode points "
                       f"{eng['points']}; trainer, sync and per-step overhead from the fixed sync runs of "
                       f"{os.path.basename(args.e2e)} (train {train:.3f} s, sync {sync:.3f} s, other {overhead:.3f} s "
-                      f"a step); cold start: a worker's preparation in `make run` (8.5 s)"}
+                      f"a step), contention from its ideal asynchronous runs' train time; cold start: a worker's preparation in `make run` (8.5 s)"}
     with open(args.out, "w") as f:
         json.dump(prof, f, indent=1)
         f.write("\n")

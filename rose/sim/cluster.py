@@ -187,6 +187,9 @@ class Simulation:
         self.training = True
         trajectories = st["trained_groups"] * self.cfg.group_size
         dt = self.plat.train_s(st["tokens"], trajectories, self.train_gpus)
+        others = [i for i in self.insts.values() if i.site != "job"]
+        if self.plat.contention and others and (any(self.waiting.values()) or any(i.tasks for i in others)):
+            dt *= 1 + self.plat.contention  # rollouts on the other device slow the trainer down (CPU hosts)
         if self.colocated:
             for inst in self.insts.values():
                 if inst.kind == "dedicated":
@@ -206,15 +209,14 @@ class Simulation:
         self.r.demand.append(self.steps[k]["sampled"])
         st = self.steps[k]
         self.r.rollout_s.append(st["end"] - st["start"] if st["start"] is not None else 0.0)
-        if self.colocated:
+        if self.colocated:  # the job's engines took the new weights on their own devices (in train_s)
             for inst in self.insts.values():
                 if inst.kind == "dedicated":
                     inst.advance(self.now)
                     inst.factor = 1.0
                     inst.version = self.version
                     self._retime(inst)
-        else:
-            self._sync(self.version)
+        self._sync(self.version)
         self._submit_ready()
         self._try_train()
         self._want_placement()
@@ -222,6 +224,8 @@ class Simulation:
     def _sync(self, version: int) -> None:
         sites: dict[str, int] = {}
         for inst in self.insts.values():
+            if self.colocated and inst.kind == "dedicated":
+                continue
             if inst.up and not (self.policy == "ideal" and inst.kind == "serving"):
                 sites[inst.site] = sites.get(inst.site, 0) + 1
             elif self.policy == "ideal" and inst.kind == "serving":

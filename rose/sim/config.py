@@ -22,6 +22,7 @@ class SimConfig:
     policies: tuple[str, ...] = SIM_POLICIES  # which policies to run on this setup
     # --- hardware
     platform: str = "gpu"  # gpu: roofline costs (rose.sim.costs); cpu: this host's measured profile
+    contention: bool = True  # cpu: model the two cores slowing each other down (the profile's measured figure)
     gpu: str = "H800"
     model: str = "8b"  # key of rose.sim.costs.MODELS: the policy model
     serving_model: str = "serve-7b"  # what the serving GPUs serve
@@ -49,15 +50,20 @@ class SimConfig:
     # --- serving
     trace: str = "azure"  # azure (the CSV in shared/data, replayed) | diurnal | bursty | flat | none
     serving_rps: float = 8.0  # mean requests/s a serving instance receives
+    serving_token_scale: float = 1.0  # multiply the trace's prompt and generated tokens (this host's tiny model)
     ttft_ms: float = 500.0
     tpot_ms: float = 150.0
     slo_margin: float = 0.15  # SloConfig.margin
+    # What a co-serving iteration costs beyond its two engine steps (the executor's own work, the HTTP
+    # front end; ms): the runtime's controller learns it (`observe_iteration`) and budgets for it
+    coserve_overhead_ms: float = 0.0
     # --- links (Gbit/s)
     intra_gbit: float = 400.0  # each instance's NIC inside a cluster
     inter_gbit: float = 200.0  # between clusters (job <-> serving, job <-> cloud)
     # --- resource-elastic baseline
     elastic_max_gpus: int = 64  # availability cap (GPUs)
     allocation_delay_s: float = 60.0  # mean wait for an instance (s, exponential), before its cold start
+    allocation_delay_fixed: bool = False  # wait exactly allocation_delay_s (a scripted delay, as in elastic_e2e)
     preempt_mean_s: float = 0.0  # mean lifetime of an on-demand instance before preemption (0: never)
     idle_release_s: float = 30.0  # an idle on-demand instance goes back after this (s)
     # --- ROSE's extensions (switches)
@@ -91,9 +97,9 @@ class SimConfig:
             config_check(0 < f < 1, c, "train_fraction(s)", f, "in (0, 1)")
         config_check(0 < self.changed_fraction <= 1, c, "changed_fraction", self.changed_fraction, "in (0, 1]")
         config_check(0 <= self.slo_margin < 1, c, "slo_margin", self.slo_margin, "in [0, 1)")
-        for f in ("tokens_per_turn", "ttft_ms", "tpot_ms", "intra_gbit", "inter_gbit", "tick_s", "load_tick_s"):
+        for f in ("tokens_per_turn", "serving_token_scale", "ttft_ms", "tpot_ms", "intra_gbit", "inter_gbit", "tick_s", "load_tick_s"):
             config_check(getattr(self, f) > 0, c, f, getattr(self, f), "> 0")
-        for f in ("length_sigma", "prompt_tokens", "env_latency_s", "serving_rps", "allocation_delay_s",
+        for f in ("coserve_overhead_ms", "length_sigma", "prompt_tokens", "env_latency_s", "serving_rps", "allocation_delay_s",
                   "preempt_mean_s", "idle_release_s"):
             config_check(getattr(self, f) >= 0, c, f, getattr(self, f), ">= 0")
 

@@ -158,6 +158,9 @@ class CpuProfile:
     sync_s: float  # one weight version from publish to swap on loopback (s)
     cold_start_s: float  # a worker process until its engine serves (s)
     weight_bytes: float
+    # Train-step slow-down while the other core runs rollouts (shared caches and memory bandwidth):
+    # mean train time with core 1 busy over mean train time with it idle, less one
+    contention: float = 0.0
     source: str = ""
 
     def linear(self, max_seqs: int) -> LinearCost:

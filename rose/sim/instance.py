@@ -38,7 +38,7 @@ class Task:
 class Instance:
     __slots__ = ("addr", "kind", "role", "site", "cost", "slots", "used", "version", "up", "v", "t", "serving_ms",
                  "factor", "decoding", "heap", "n_eff", "epoch", "tasks", "busy_s", "env_s", "idle_s", "first_use",
-                 "asked_at", "asleep", "serving_busy_s", "born")
+                 "asked_at", "asleep", "serving_busy_s", "born", "decodes", "steps")
 
     def __init__(self, addr: str, kind: str, role: str, site: str, cost: LinearCost, slots: int, now: float):
         self.addr, self.kind, self.role, self.site, self.cost = addr, kind, role, site, cost
@@ -60,6 +60,8 @@ class Instance:
         self.first_use = None
         self.asked_at = now
         self.born = now  # when it came up (its time since is busy_s + env_s + idle_s)
+        self.decodes = 0  # serving requests decoding (serving instances)
+        self.steps = None  # (decodes, rollout sequences) -> rollout steps an iteration runs (the controller's)
         self.asleep = False
 
     @property
@@ -67,8 +69,13 @@ class Instance:
         return self.slots - self.used
 
     def period_s(self) -> float:
-        """One decode step of the current batch (s)."""
-        return (self.serving_ms + self.cost.decode_ms(self.n_eff)) * self.factor / 1e3
+        """What one token of every running sequence takes at the current batch (s): a decode step, plus
+        on a serving instance its share of the serving step (k rollout steps run beside each one)."""
+        r = self.cost.decode_ms(self.n_eff)
+        if self.serving_ms and self.steps is not None:
+            k = max(1, self.steps(self.decodes, int(self.n_eff + 0.5)))
+            return (self.serving_ms / k + r) * self.factor / 1e3
+        return (self.serving_ms + r) * self.factor / 1e3
 
     def advance(self, now: float) -> None:
         dt = now - self.t
@@ -78,7 +85,7 @@ class Instance:
             p = self.period_s()
             self.v += dt / p
             self.busy_s += dt
-            self.serving_busy_s += dt * self.serving_ms * self.factor / 1e3 / p
+            self.serving_busy_s += dt * (1 - self.cost.decode_ms(self.n_eff) * self.factor / 1e3 / p)
         elif self.tasks:
             self.env_s += dt
         else:

@@ -20,8 +20,9 @@ AZURE_CSV = os.path.join(ROOT, "benchmarks", "data", "azure_llm_inference_2023_c
 
 
 @lru_cache(maxsize=4)
-def _shape(path: str) -> RequestShape:
-    return request_shape(path)
+def _shape(path: str, scale: float) -> RequestShape:
+    s = request_shape(path)
+    return RequestShape(s.prompt_mean * scale, s.prompt_p99 * scale, s.gen_mean * scale)
 
 
 @dataclass
@@ -31,6 +32,9 @@ class Platform:
     tp: int  # devices per instance
     cfg: SimConfig
     cpu: object = None  # the CPU profile, on platform "cpu"
+    # Slow-down of the trainer and of rollout engines on other devices while both run (the host's
+    # shared caches and memory bandwidth; 0 on GPUs, which share neither)
+    contention: float = 0.0
 
     def train_s(self, tokens: float, trajectories: int, gpus: int) -> float:
         if self.cpu is not None:
@@ -65,7 +69,7 @@ def mean_context(cfg: SimConfig) -> float:
 
 def build(cfg: SimConfig, rng: np.random.Generator, azure_csv: str = AZURE_CSV) -> Platform:
     slo = SloConfig(cfg.ttft_ms, cfg.tpot_ms, margin=cfg.slo_margin)
-    shape = _shape(azure_csv)
+    shape = _shape(azure_csv, cfg.serving_token_scale)
     if cfg.platform == "cpu":
         prof = load_cpu_profile()
         roll = prof.linear(max_seqs=64)
@@ -73,8 +77,9 @@ def build(cfg: SimConfig, rng: np.random.Generator, azure_csv: str = AZURE_CSV) 
         fleet = None
         if cfg.serving_gpus:
             # One core serves the tiny model next to the rollout engine; memory is not what binds here.
-            fleet = ServingFleet(slo, serve, replace(roll, max_seqs=128), shape, 1e12, 1e12, 1.0, 0.0, 512, rng)
-        return Platform(roll, fleet, 1, cfg, cpu=prof)
+            fleet = ServingFleet(slo, serve, replace(roll, max_seqs=128), shape, 1e12, 1e12, 1.0, 0.0, 512, rng,
+                                 cfg.coserve_overhead_ms)
+        return Platform(roll, fleet, 1, cfg, cpu=prof, contention=prof.contention if cfg.contention else 0.0)
     gpu, model = GPUS[cfg.gpu], MODELS[cfg.model]
     ctx = mean_context(cfg)
     cm = CostModel(gpu, model, ctx)
@@ -87,5 +92,6 @@ def build(cfg: SimConfig, rng: np.random.Generator, azure_csv: str = AZURE_CSV) 
         usable = gpu.memory_gb * model.tp * 0.9 * 1e9
         rollout_kv = usable - model.weight_bytes - smodel.weight_bytes  # bytes for both KV caches
         fleet = ServingFleet(slo, scm.linear(), roll, shape, rollout_kv, usable - smodel.weight_bytes,
-                             ctx * model.kv_bytes_per_token, smodel.kv_bytes_per_token, 512, rng)
+                             ctx * model.kv_bytes_per_token, smodel.kv_bytes_per_token, 512, rng,
+                             cfg.coserve_overhead_ms)
     return Platform(roll, fleet, model.tp, cfg)

@@ -116,7 +116,8 @@ def serving_tick(sim, tick: int) -> None:
             inst.serving_ms, inst.factor, slots = 0.0, 1.0 / (1.0 - share), int(mem_slots[i])
         else:
             inst.serving_ms = float(s_ms[i])
-            decodes = int(round(b[i]))
+            decodes = inst.decodes = int(round(b[i]))
+            inst.steps = fleet.steps
             slots = min(fleet.offer(decodes), int(mem_slots[i]))
             if kv_frac[i] >= caps.sleep_at and not inst.asleep:
                 inst.asleep = True
@@ -157,7 +158,9 @@ def scale_elastic(sim) -> None:
                         sim.plat.roll.max_seqs, sim.now)
         inst.up = False
         fetch = inst.cost.weight_bytes / (sim.cfg.inter_gbit * 1e9 / 8)  # its first weights, dense
-        delay = sim.rng.exponential(ecfg.allocation_delay_s) if ecfg.allocation_delay_s > 0 else 0.0
+        delay = ecfg.allocation_delay_s
+        if delay > 0 and not sim.cfg.allocation_delay_fixed:
+            delay = sim.rng.exponential(delay)
         sim.arriving += 1
         sim._at(sim.now + delay + inst.cost.cold_start_s + fetch, "up", inst)
     if want < len(held):

@@ -7,9 +7,10 @@ follows from the cost model, which the batch in turn depends on, so the two are 
 point. The slot offer is `SloController.rollout_capacity` (the runtime's own controller, unchanged),
 its latency models first fitted on noisy observations of the true step times, as the executor fits
 them online, then capped by the KV memory left beside serving. SLO check per tick, at the 99th
-percentile of the tick's load, with the rollout batch at the full offer: TPOT = serving step +
-rollout step (a prefill-swollen serving step runs alone: the controller lets the rollout batch wait
-it out), TTFT = the prompt's prefill chunks, each with a rollout step until the request has waited
+percentile of the tick's load, with the rollout batch at the full offer: TPOT = serving step + the
+rollout steps the controller runs beside it (a prefill-swollen serving step runs alone: the
+controller lets the rollout batch wait it out), TTFT = the iteration under way when the request
+arrives, then the prompt's prefill chunks, each with one rollout step until the request has waited
 `ttft_guard` of its budget (the controller skips rollout after that).
 """
 from __future__ import annotations
@@ -41,15 +42,19 @@ def request_shape(azure_csv: str) -> RequestShape:
 
 
 def fitted_controller(slo: SloConfig, serving: LinearCost, rollout: LinearCost, max_seqs: int,
-                      rng: np.random.Generator, noise: float = 0.1, observations: int = 400) -> SloController:
-    """The runtime's controller, its latency models fitted on step times the cost models give with
-    lognormal noise (sigma `noise`), at the batch sizes a co-served device sees."""
+                      rng: np.random.Generator, overhead_ms: float = 0.0, noise: float = 0.1,
+                      observations: int = 400) -> SloController:
+    """The runtime's controller, its latency models and iteration overhead learnt from step times the
+    cost models give with lognormal noise (sigma `noise`), at the batch sizes a co-served device sees."""
     ctl = SloController(slo, RolloutCaps(max_seqs=max_seqs, max_kv_tokens=1 << 40))
     for _ in range(observations):
         s_tok = int(rng.integers(1, 600))
         r_tok = int(rng.integers(1, max(2, max_seqs)))
-        ctl.serving_model.observe(s_tok, serving.decode_ms(s_tok) * float(rng.lognormal(0, noise)))
-        ctl.rollout_model.observe(r_tok, rollout.decode_ms(r_tok) * float(rng.lognormal(0, noise)))
+        s_ms = serving.decode_ms(s_tok) * float(rng.lognormal(0, noise))
+        r_ms = rollout.decode_ms(r_tok) * float(rng.lognormal(0, noise))
+        ctl.serving_model.observe(s_tok, s_ms)
+        ctl.rollout_model.observe(r_tok, r_ms)
+        ctl.observe_iteration(s_ms + r_ms + overhead_ms * float(rng.lognormal(0, noise)), s_ms, r_ms)
     return ctl
 
 
@@ -58,15 +63,25 @@ class ServingFleet:
 
     def __init__(self, slo: SloConfig, serving: LinearCost, rollout: LinearCost, shape: RequestShape,
                  kv_budget_tokens_rollout: float, serving_kv_capacity: float, rollout_token_bytes: float,
-                 serving_token_bytes: float, prefill_chunk: int, rng: np.random.Generator):
+                 serving_token_bytes: float, prefill_chunk: int, rng: np.random.Generator, overhead_ms: float = 0.0):
         self.slo, self.serving, self.rollout, self.shape = slo, serving, rollout, shape
         self.rollout_kv_bytes = kv_budget_tokens_rollout  # bytes left for rollout KV with no serving KV
         self.serving_kv_capacity = serving_kv_capacity  # bytes serving may use for KV
         self.rollout_seq_bytes = rollout_token_bytes  # KV bytes of one rollout sequence
         self.serving_token_bytes = serving_token_bytes
         self.chunk = prefill_chunk
-        self.controller = fitted_controller(slo, serving, rollout, rollout.max_seqs, rng)
+        self.overhead_ms = overhead_ms  # a co-serving iteration beyond its two steps
+        self.controller = fitted_controller(slo, serving, rollout, rollout.max_seqs, rng, overhead_ms)
         self._offer: dict[int, int] = {}
+        self._steps: dict[tuple[int, int], int] = {}
+
+    def steps(self, decodes: int, seqs: int) -> int:
+        """Rollout steps the controller runs per iteration beside `decodes` serving decodes (memoised)."""
+        key = (decodes, seqs)
+        v = self._steps.get(key)
+        if v is None:
+            v = self._steps[key] = self.controller.steps_beside(decodes, seqs)
+        return v
 
     def offer(self, decodes: int) -> int:
         """Rollout sequences the controller offers beside `decodes` serving decodes (memoised: the
@@ -83,7 +98,7 @@ class ServingFleet:
         for _ in range(4):
             b = rate * sh.gen_mean * period
             pre = rate * sh.prompt_mean * period
-            s_ms = np.where(rate > 0, s.a_ms + s.b_ms * b + s.prefill_ms_per_token * pre, 0.0)
+            s_ms = np.where(rate > 0, s.a_ms + s.b_ms * b + s.prefill_ms_per_token * pre + self.overhead_ms, 0.0)
             r_ms = np.where(rollout_n > 0, self.rollout.a_ms + self.rollout.b_ms * rollout_n, 0.0)
             period = np.maximum((s_ms + r_ms) / 1e3, 1e-4)
         return b, pre, s_ms
@@ -98,13 +113,14 @@ class ServingFleet:
         """(kept, TPOT p99 ms, TTFT p99 ms) of one instance over a tick."""
         s, r = self.serving, self.rollout
         b99 = decodes + 2.33 * math.sqrt(decodes)
+        k = max(1, self.steps(int(round(decodes)), int(rollout_n))) if decodes > 0 else 1
         r_ms = r.decode_ms(rollout_n)
-        tpot = max(s.decode_ms(b99) + r_ms if decodes > 0 else 0.0,
-                   s.decode_ms(b99) + s.prefill_ms_per_token * self.chunk)
+        s_ms = s.decode_ms(b99) + self.overhead_ms
+        tpot = max(s_ms + k * r_ms if decodes > 0 else 0.0, s_ms + s.prefill_ms_per_token * self.chunk)
         t, left, guard = 0.0, self.shape.prompt_p99, self.slo.ttft_guard * self.slo.ttft_ms
-        t += s.decode_ms(b99) + r_ms  # the iteration in progress when the request arrives
+        t += s_ms + k * r_ms  # the iteration in progress when the request arrives (then one step at most)
         while left > 0:
             chunk = min(left, self.chunk)
-            t += s.decode_ms(b99) + s.prefill_ms_per_token * chunk + (r_ms if t < guard else 0.0)
+            t += s_ms + s.prefill_ms_per_token * chunk + (r_ms if t < guard else 0.0)
             left -= chunk
         return tpot <= self.slo.tpot_ms and t <= self.slo.ttft_ms, tpot, t

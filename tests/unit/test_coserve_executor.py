@@ -274,3 +274,27 @@ def test_the_rollout_capacity_offered_leaves_room_for_serving_decodes_not_one_pr
         assert ex.rollout_capacity == ctl.rollout_capacity(1)
     finally:
         ex.close()
+
+
+def test_the_executor_runs_the_planned_rollout_steps_back_to_back_and_a_serving_arrival_ends_them():
+    class Steps(SloController):
+        def __init__(self):
+            super().__init__(SloConfig(ttft_ms=1000, tpot_ms=1000))
+
+        def plan(self, serving, rollout):
+            return IterationPlan(serving.decoding, 0.0, True, rollout_admit=tuple(r.request_id for r in rollout.waiting),
+                                 rollout_tokens=len(rollout.running) + len(rollout.waiting), rollout_steps=4)
+
+    ex = CoServingExecutor(FakeEngine(), FakeEngine(), Steps())
+    try:
+        g = ex.generate([1, 2], SamplingSpec(max_tokens=12)).result(timeout=10)
+        assert len(g.token_ids) == 12
+        assert ex.stats["rollout_steps"] == 12 and ex.stats["iterations"] <= 4  # four steps an iteration
+        assert not ex._serving_waiting()
+        ex._serves_sent += 1  # a serving request handed in but not yet taken: no extra steps
+        assert ex._serving_waiting()
+        ex._serves_sent -= 1
+        served = ex.serve([4, 5], SamplingSpec(max_tokens=4))
+        assert served.collect(timeout=10)[1] == "length"
+    finally:
+        ex.close()

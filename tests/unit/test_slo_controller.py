@@ -50,6 +50,13 @@ def test_rollout_never_runs_over_the_budget_and_caps_hold(s):
     if plan.rollout_step and (serving.decoding or serving.waiting_prompt_tokens):  # a TPOT to keep
         assert plan.rollout_ms <= plan.budget_ms  # predicted: within TPOT minus margin minus serving
         assert plan.budget_ms <= ctl.slo.tpot_ms * (1 - ctl.slo.margin)
+        # every step of the iteration, together, within the budget too
+        more = (plan.rollout_steps - 1) * ctl.rollout_model.predict(len(rollout.running) - len(plan.rollout_preempt)
+                                                                     + len(plan.rollout_admit))
+        assert plan.rollout_ms + more <= plan.budget_ms + 1e-9
+    assert 1 <= plan.rollout_steps <= ctl.slo.max_rollout_steps if plan.rollout_step else plan.rollout_steps == 0
+    if serving.waiting_prompt_tokens or not serving.decoding:  # a request waits, or no TPOT to keep: one step
+        assert plan.rollout_steps <= 1
     running = ({r.request_id: r for r in rollout.running}.keys() - set(plan.rollout_preempt)) | set(plan.rollout_admit)
     kv = {r.request_id: r.kv_tokens for r in rollout.running + rollout.waiting}
     if plan.rollout_admit:  # caps bind whatever is admitted
@@ -218,3 +225,23 @@ def test_every_preemption_carries_its_cause(s):
     assert set(causes) == set(plan.rollout_preempt)
     if serving.kv_needed_tokens > serving.kv_free_tokens and plan.rollout_preempt:
         assert causes[plan.rollout_preempt[0]] == "serving KV pressure"  # memory is served first
+
+
+def test_a_loose_tpot_budget_holds_several_rollout_steps_a_strict_one_alternates():
+    running = tuple(RolloutSeq(f"r{i}", 100, admitted_at=float(i)) for i in range(16))
+    serving = ServingView(decoding=8)
+    loose = SloController(SloConfig(ttft_ms=1000, tpot_ms=150), serving_model=_model(8, 0.05),
+                          rollout_model=_model(9, 0.1))
+    plan = loose.plan(serving, RolloutView(running))
+    # budget 150 * 0.85 - serving 8.4 = 119 ms; a step of 16 sequences 10.6 ms: 11 fit, capped at 8
+    assert plan.rollout_step and plan.rollout_steps == 8
+    assert loose.steps_beside(8, 16) == 8
+    strict = SloController(SloConfig(ttft_ms=1000, tpot_ms=150, max_rollout_steps=1), serving_model=_model(8, 0.05),
+                           rollout_model=_model(9, 0.1))
+    assert strict.plan(serving, RolloutView(running)).rollout_steps == 1
+    tight = SloController(SloConfig(ttft_ms=1000, tpot_ms=25), serving_model=_model(8, 0.05),
+                          rollout_model=_model(9, 0.1))
+    assert tight.plan(serving, RolloutView(running)).rollout_steps == 1  # 21 - 8.4 = 12.9 ms: one step
+    # a request waiting for its first token: one step only, whatever the budget
+    waiting = ServingView(decoding=8, waiting_prompt_tokens=(20,), oldest_wait_ms=1.0)
+    assert loose.plan(waiting, RolloutView(running)).rollout_steps == 1

@@ -17,37 +17,20 @@ import logging
 import time
 from collections import deque
 from concurrent.futures import Future
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Callable
 
 from rose.errors import EngineError
+from rose.runtime.coserve.rollout_request import RolloutRequest as _Rollout
+from rose.runtime.coserve.rollout_request import kv_of as _kv
 from rose.runtime.coserve.serving_request import ServingRequest
 from rose.runtime.coserve.slo import RolloutSeq, RolloutView, ServingView, SloController
 from rose.runtime.coserve.swaps import RolloutSwaps
 from rose.runtime.engine.base import Engine, SamplingSpec
-from rose.runtime.engine.pending import PendingRollout, absorb, engine_future, fail
+from rose.runtime.engine.pending import absorb, engine_future, fail
 from rose.runtime.engine.thread import CommandThread, build, warm_up
 
 logger = logging.getLogger("rose.coserve")
-
-
-@dataclass(kw_only=True)
-class _Rollout(PendingRollout):
-    """A rollout request across its engine requests: one, plus one per resume after a preemption."""
-
-    prompt: list[int]
-    spec: SamplingSpec
-    segment: int = 0  # engine requests made so far (1 + times resumed)
-    admitted_at: int = 0  # order of its latest admission (the controller preempts the newest first)
-    engine_id: str | None = None  # id of the live engine request, None while waiting
-
-    @property
-    def context(self) -> list[int]:
-        return self.prompt + self.gen.token_ids
-
-
-def _kv(engine):  # its `KvState`, or None for an engine with no KV cache to report (FakeEngine): no pressure
-    return engine.kv_state() if hasattr(engine, "kv_state") else None
 
 
 class CoServingExecutor(CommandThread):
@@ -79,6 +62,9 @@ class CoServingExecutor(CommandThread):
         # Serving requests decoding or about to (a peak halving in ~35 iterations): what the rollout capacity
         # offered leaves room for. Not prefill tokens: the running batch waits a prefill out (rollout_waits).
         self._serving_peak = 0.0
+        # Serving requests handed in (any thread) and taken into the serving engine (loop thread): a
+        # difference is a request waiting in the command queue, which ends extra rollout steps
+        self._serves_sent = self._serves_applied = 0
         self._start(name, cores)
 
     # ---------------------------------------------------------------- any thread
@@ -94,6 +80,7 @@ class CoServingExecutor(CommandThread):
         """Online work: always admitted to the serving engine; tokens arrive through `on_delta` or
         the request's `deltas` queue."""
         req = ServingRequest(f"{request_id or 'serve'}#{next(self._ids)}", len(prompt_token_ids), on_delta=on_delta)
+        self._serves_sent += 1  # before the command: the loop never sees it applied but not sent
         self._command("serve", (req, list(prompt_token_ids), spec))
         return req
 
@@ -159,6 +146,7 @@ class CoServingExecutor(CommandThread):
         elif kind in ("attach", "attached", "load"):
             self.swaps.apply(kind, payload)
         elif kind == "serve":
+            self._serves_applied += 1
             req, prompt, spec = payload
             try:
                 self.serving.add_request(req.request_id, prompt, spec)
@@ -229,6 +217,12 @@ class CoServingExecutor(CommandThread):
             rollout_ms = self.swaps.advance(min(plan.budget_ms - serving_ms + plan.serving_ms, cap))
         elif plan.rollout_step and self._running:
             rollout_ms = self._step_rollout(plan.rollout_tokens)
+            # More decode steps where the plan found them room in the TPOT budget; a serving request
+            # that arrives meanwhile ends them (it waits for at most the step under way).
+            for _ in range(plan.rollout_steps - 1):
+                if not self._running or self._serving_waiting():
+                    break
+                rollout_ms += self._step_rollout(len(self._running))
         self._waited = 0 if rollout_ms or not self._running else self._waited + 1
         # The period a decoding serving request sees: from one serving step to the next.
         if serving_ms and self._last_serving_step is not None:
@@ -237,6 +231,9 @@ class CoServingExecutor(CommandThread):
         self._last_serving_step = (t_start, serving_ms, rollout_ms) if serving_ms else None
         if not serving_ms and not rollout_ms and self._waiting and not plan.rollout_admit:
             time.sleep(0.001)  # nothing can run now (caps); do not spin
+
+    def _serving_waiting(self) -> bool:
+        return self._serves_sent != self._serves_applied or any(q.t_first is None for q in self._serving_reqs.values())
 
     def _admit(self, r: _Rollout) -> None:
         left = r.spec.max_tokens - len(r.gen.token_ids)

@@ -29,6 +29,10 @@ import math
 from dataclasses import dataclass, field
 
 from rose.errors import config_check
+from rose.runtime.coserve.latency import LatencyModel
+
+__all__ = ["IterationPlan", "LatencyModel", "RolloutCaps", "RolloutSeq", "RolloutView", "ServingView", "SloConfig",
+           "SloController"]
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,11 @@ class SloConfig:
     # Iterations in a row a running rollout batch too slow for this iteration's budget may wait before
     # its newest sequences are preempted (a preemption costs an admission and a recomputed context).
     rollout_waits: int = 3
+    # Rollout steps one iteration may run between two serving steps, at most (1: strict alternation).
+    # A serving step per rollout step costs the rollout a serving step for every token; where the
+    # TPOT budget holds several rollout steps (loose SLOs, fast devices), running them back to back
+    # keeps the serving request inside its budget and gives rollout the time serving does not need.
+    max_rollout_steps: int = 8
 
     def __post_init__(self):
         c = "SloConfig"
@@ -54,6 +63,8 @@ class SloConfig:
         config_check(0 < self.ttft_guard <= 1, c, "ttft_guard", self.ttft_guard, "in (0, 1]")
         config_check(isinstance(self.rollout_waits, int) and self.rollout_waits >= 0, c, "rollout_waits",
                      self.rollout_waits, "an int >= 0")
+        config_check(isinstance(self.max_rollout_steps, int) and self.max_rollout_steps >= 1, c,
+                     "max_rollout_steps", self.max_rollout_steps, "an int >= 1")
 
 
 @dataclass(frozen=True)
@@ -72,55 +83,6 @@ class RolloutCaps:
         config_check(self.max_kv_tokens >= 0, "RolloutCaps", "max_kv_tokens", self.max_kv_tokens, ">= 0")
         config_check(0 < self.wake_at < self.sleep_at <= 1, "RolloutCaps", "wake_at", self.wake_at,
                      f"in (0, sleep_at={self.sleep_at}) with sleep_at <= 1")
-
-
-class LatencyModel:
-    """Step time (ms) against tokens batched in the step: a + b * tokens, fitted online.
-
-    Exponentially weighted least squares over the executor's own measurements, plus a running
-    mean of the positive residuals, added to every prediction so it errs high.
-    """
-
-    def __init__(self, base_ms: float = 5.0, per_token_ms: float = 0.5, decay: float = 0.98):
-        self.decay = decay
-        # Weighted sums for the fit; seeded with a prior worth a few observations at two sizes.
-        self._sw = self._sx = self._sy = self._sxx = self._sxy = 0.0
-        for tokens in (1.0, 64.0):
-            self._add(tokens, base_ms + per_token_ms * tokens, weight=2.0)
-        self.slack_ms = 0.0  # mean positive residual
-
-    def _add(self, x: float, y: float, weight: float = 1.0) -> None:
-        d = self.decay
-        self._sw = d * self._sw + weight
-        self._sx = d * self._sx + weight * x
-        self._sy = d * self._sy + weight * y
-        self._sxx = d * self._sxx + weight * x * x
-        self._sxy = d * self._sxy + weight * x * y
-
-    @property
-    def coefficients(self) -> tuple[float, float]:
-        n, sx, sy = self._sw, self._sx, self._sy
-        var = n * self._sxx - sx * sx
-        b = (n * self._sxy - sx * sy) / var if var > 1e-9 else 0.0
-        b = max(b, 0.0)  # more tokens never make a step faster
-        return max((sy - b * sx) / n, 0.0), b
-
-    def observe(self, tokens: int, ms: float) -> None:
-        if tokens < 0 or not ms >= 0:
-            return
-        err = ms - self.predict_mean(tokens)
-        self.slack_ms = self.decay * self.slack_ms + (1 - self.decay) * max(err, 0.0)
-        self._add(float(tokens), float(ms))
-
-    def predict_mean(self, tokens: int) -> float:
-        if tokens <= 0:
-            return 0.0
-        a, b = self.coefficients
-        return a + b * tokens
-
-    def predict(self, tokens: int) -> float:
-        """A conservative estimate (ms) of a step batching `tokens`; 0 for an empty step."""
-        return self.predict_mean(tokens) + self.slack_ms if tokens > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -166,6 +128,9 @@ class IterationPlan:
     reason: str = ""  # why rollout was held back, if it was
     rollout_sleep: bool | None = None  # True: put the rollout engine to sleep; False: wake it; None: as is
     notes: dict = field(default_factory=dict)
+    # Rollout steps this iteration runs back to back (the first batches `rollout_tokens`, the others one
+    # decode token per running sequence); 0 with no rollout step
+    rollout_steps: int = 0
 
 
 class SloController:
@@ -209,6 +174,28 @@ class SloController:
                 hi = mid - 1
         return lo
 
+    def extra_steps(self, budget_ms: float, first_ms: float, seqs: int) -> int:
+        """Decode steps of `seqs` running sequences that fit after a first rollout step of `first_ms`
+        in what is left of `budget_ms`, within `max_rollout_steps` in all."""
+        if seqs <= 0 or not math.isfinite(budget_ms):
+            return 0
+        step = self.rollout_model.predict(seqs)
+        if step <= 0:
+            return 0
+        return max(0, min(self.slo.max_rollout_steps - 1, int((budget_ms - first_ms) // step)))
+
+    def steps_beside(self, serving_tokens: int, seqs: int) -> int:
+        """Rollout steps an iteration runs beside a serving step of `serving_tokens` with `seqs` running
+        rollout sequences, once none is being admitted (what `plan` gives a steady batch)."""
+        if seqs <= 0:
+            return 0
+        if serving_tokens <= 0:
+            return 1
+        budget = (self.slo.tpot_ms * (1 - self.slo.margin) - self.serving_model.predict(serving_tokens)
+                  - self.overhead_ms - 2 * self.overhead_dev_ms)
+        first = self.rollout_model.predict(seqs)
+        return 1 + self.extra_steps(budget, first, seqs) if first <= budget else 0
+
     def plan(self, serving: ServingView, rollout: RolloutView) -> IterationPlan:
         prefill = min(sum(serving.waiting_prompt_tokens), self.prefill_chunk)
         s_tokens = serving.decoding + prefill
@@ -244,11 +231,17 @@ class SloController:
 
         def done(step: bool, reason: str = "", admit=(), tokens: int = 0) -> IterationPlan:
             tokens = tokens if step else 0
+            first = self.rollout_model.predict(tokens)
+            steps = 0
+            if step and tokens > 0:
+                # More steps only beside a serving step, never while a request waits for its first token.
+                beside = s_tokens and not serving.waiting_prompt_tokens
+                steps = 1 + (self.extra_steps(budget, first, len(running)) if beside else 0)
             return IterationPlan(s_tokens, s_ms, step and tokens > 0, tuple(admit),
                                  tuple(r.request_id for r in preempt), tokens,
-                                 self.rollout_model.predict(tokens), budget, reason,
+                                 first, budget, reason,
                                  rollout_sleep=wake if (admit or running) else None,
-                                 notes={"preempt_causes": causes} if causes else {})
+                                 notes={"preempt_causes": causes} if causes else {}, rollout_steps=steps)
 
         if serving.decoding == 0 and not serving.waiting_prompt_tokens:
             # No serving request to protect: rollout runs within the memory caps alone. This also keeps
