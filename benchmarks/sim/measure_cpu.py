@@ -64,8 +64,8 @@ def engine_steps(core: int, seed: int = 0) -> dict:
     n = 32
     prefill_ms = (run(n, 1, prompt_len=40) * 1e3 - (a + b * n)) / (n * 40)
     print(f"fit: {a:.2f} + {b:.4f} n ms; prefill {prefill_ms * 1e3:.1f} us a token", flush=True)
-    return {"decode_a_ms": round(a, 3), "decode_b_ms": round(b, 5), "prefill_ms_per_token": round(max(prefill_ms, 0), 5),
-            "points": points}
+    return {"decode_a_ms": round(a, 3), "decode_b_ms": round(b, 5),
+            "prefill_ms_per_token": round(max(prefill_ms, 0), 5), "points": points}
 
 
 def e2e_rows(path: str) -> list[dict]:
@@ -104,7 +104,8 @@ def main():
             "source": f"benchmarks/sim/measure_cpu.py {time.strftime('%Y-%m-%d %H:%M')} UTC: decode points "
                       f"{eng['points']}; trainer, sync and per-step overhead from the fixed sync runs of "
                       f"{os.path.basename(args.e2e)} (train {train:.3f} s, sync {sync:.3f} s, other {overhead:.3f} s "
-                      f"a step), contention from its ideal asynchronous runs' train time; cold start: a worker's preparation in `make run` (8.5 s)"}
+                      f"a step), contention from its ideal asynchronous runs' train time; cold start: a "
+                      f"worker's preparation in `make run` (8.5 s)"}
     with open(args.out, "w") as f:
         json.dump(prof, f, indent=1)
         f.write("\n")

@@ -114,7 +114,8 @@ def calibrate(runs_path: str, base: SimConfig = GUESS) -> dict:
         with_c, without_c = _sim(cfg), _sim(replace(cfg, contention=False))
         m = statistics.fmean(measured)
         rows.append({"policy": key[0], "mode": "async" if key[1] else "sync", "runs": len(measured),
-                     "measured_traj_s": round(m, 2), "measured_range": [round(min(measured), 1), round(max(measured), 1)],
+                     "measured_traj_s": round(m, 2),
+                     "measured_range": [round(min(measured), 1), round(max(measured), 1)],
                      "sim_traj_s": round(float(with_c.throughput), 2),
                      "sim_no_contention_traj_s": round(float(without_c.throughput), 2),
                      "error": round(float(abs(with_c.throughput - m) / m), 3),

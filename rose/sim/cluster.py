@@ -68,7 +68,8 @@ class Simulation:
             self.train_gpus = max(1, round(cfg.job_gpus * cfg.train_fraction))
             n_ded = max(1, (cfg.job_gpus - self.train_gpus) // tp)
         for i in range(n_ded):
-            self._add(Instance(f"job/{i}", "dedicated", "dedicated", "job", self.plat.roll, self.plat.roll.max_seqs, 0.0))
+            roll = self.plat.roll
+            self._add(Instance(f"job/{i}", "dedicated", "dedicated", "job", roll, roll.max_seqs, 0.0))
         self.serving = []
         if policy in ("rose", "ideal") and self.plat.fleet is not None:
             for i in range(cfg.serving_gpus // tp):
@@ -140,9 +141,9 @@ class Simulation:
         while self.next_submit < self.cfg.steps and self.next_submit <= self.version + self.staleness:
             k = self.next_submit
             self.next_submit += 1
+            share = varied_fraction(self.cfg, k, np.random.default_rng([self.cfg.seed, 3, k]))
             st = self.steps[k] = dict(sampled=0, kept=0, rounds=0, outstanding=0, tokens=0.0, start=None, end=None,
-                                      varied_p=varied_fraction(self.cfg, k, np.random.default_rng([self.cfg.seed, 3, k])),
-                                      trained_groups=0)
+                                      varied_p=share, trained_groups=0)
             self._round(k, st)
 
     def _round(self, k: int, st: dict) -> None:

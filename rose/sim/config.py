@@ -2,7 +2,8 @@
 
 A TOML file has a `[base]` table (fields every config shares), an optional `[matrix]` table (field ->
 list of values: one config per combination) and optional `[[config]]` entries (each merged over the
-base, then expanded by the matrix). Unknown fields are errors that name the file and the field.
+base, then expanded by the matrix and by its own `matrix` table, whose fields win). Unknown fields
+are errors that name the file and the field.
 """
 from __future__ import annotations
 
@@ -97,10 +98,11 @@ class SimConfig:
             config_check(0 < f < 1, c, "train_fraction(s)", f, "in (0, 1)")
         config_check(0 < self.changed_fraction <= 1, c, "changed_fraction", self.changed_fraction, "in (0, 1]")
         config_check(0 <= self.slo_margin < 1, c, "slo_margin", self.slo_margin, "in [0, 1)")
-        for f in ("tokens_per_turn", "serving_token_scale", "ttft_ms", "tpot_ms", "intra_gbit", "inter_gbit", "tick_s", "load_tick_s"):
+        for f in ("tokens_per_turn", "serving_token_scale", "ttft_ms", "tpot_ms", "intra_gbit", "inter_gbit", "tick_s",
+                  "load_tick_s"):
             config_check(getattr(self, f) > 0, c, f, getattr(self, f), "> 0")
-        for f in ("coserve_overhead_ms", "length_sigma", "prompt_tokens", "env_latency_s", "serving_rps", "allocation_delay_s",
-                  "preempt_mean_s", "idle_release_s"):
+        for f in ("coserve_overhead_ms", "length_sigma", "prompt_tokens", "env_latency_s", "serving_rps",
+                  "allocation_delay_s", "preempt_mean_s", "idle_release_s"):
             config_check(getattr(self, f) >= 0, c, f, getattr(self, f), ">= 0")
 
 
@@ -144,11 +146,16 @@ def load_matrix(path: str) -> list[SimConfig]:
     entries = doc.get("config") or [{}]
     out = []
     for i, entry in enumerate(entries):
-        keys = list(matrix)
-        for combo in itertools.product(*(matrix[k] for k in keys)):
-            raw = {**base, **dict(zip(keys, combo)), **entry}
+        entry = dict(entry)
+        own = entry.pop("matrix", None) or {}
+        if not isinstance(own, dict) or any(not isinstance(v, list) or not v for v in own.values()):
+            raise ConfigError(f"{path}: config #{i + 1}'s matrix must map fields to non-empty lists, got {own!r}")
+        mat = {**matrix, **own}
+        keys = list(mat)
+        for combo in itertools.product(*(mat[k] for k in keys)):
+            raw = {**base, **entry, **dict(zip(keys, combo))}
             name = entry.get("name") or base.get("name") or "sim"
-            varied = "-".join(f"{k}={v}" for k, v in zip(keys, combo) if k not in entry)
+            varied = "-".join(f"{k}={v}" for k, v in zip(keys, combo))
             raw["name"] = f"{name}[{varied}]" if varied else name
             out.append(make_config(raw, f"{path} config #{i + 1} {raw['name']}"))
     return out

@@ -282,7 +282,8 @@ def test_the_executor_runs_the_planned_rollout_steps_back_to_back_and_a_serving_
             super().__init__(SloConfig(ttft_ms=1000, tpot_ms=1000))
 
         def plan(self, serving, rollout):
-            return IterationPlan(serving.decoding, 0.0, True, rollout_admit=tuple(r.request_id for r in rollout.waiting),
+            admit = tuple(r.request_id for r in rollout.waiting)
+            return IterationPlan(serving.decoding, 0.0, True, rollout_admit=admit,
                                  rollout_tokens=len(rollout.running) + len(rollout.waiting), rollout_steps=4)
 
     ex = CoServingExecutor(FakeEngine(), FakeEngine(), Steps())

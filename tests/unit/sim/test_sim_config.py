@@ -31,13 +31,18 @@ prompts = 64
 [[config]]
 name = "big"
 prompts = 512
+[config.matrix]
+inter_gbit = [10]
+steps = [4, 5]
 """)
     cfgs = load_matrix(path)
-    assert len(cfgs) == 8
+    assert len(cfgs) == 4 + 4
     assert {c.prompts for c in cfgs} == {64, 512}
-    assert {c.inter_gbit for c in cfgs} == {200.0, 20.0} and all(isinstance(c.inter_gbit, float) for c in cfgs)
+    assert {c.inter_gbit for c in cfgs} == {200.0, 20.0, 10.0} and all(isinstance(c.inter_gbit, float) for c in cfgs)
     assert "m[model=8b-inter_gbit=200]" in {c.name for c in cfgs}
-    assert any(c.name.startswith("big[") for c in cfgs)
+    big = [c for c in cfgs if c.name.startswith("big[")]
+    assert {(c.inter_gbit, c.steps) for c in big} == {(10.0, 4), (10.0, 5)}  # its own matrix wins
+    assert "big[model=32b-inter_gbit=10-steps=5]" in {c.name for c in big}
 
 
 @pytest.mark.parametrize("text, match", [
@@ -48,6 +53,7 @@ prompts = 512
     ("[matrix]\nmodel = '8b'\n", r"\[matrix\] model must be a non-empty list"),
     ("[bases]\nsteps = 3\n", r"unknown table\(s\) \['bases'\]"),
     ("[base\n", "not valid TOML"),
+    ("[[config]]\nmatrix = {steps = 3}\n", "config #1's matrix must map fields to non-empty lists"),
     ("[base]\ntrain_fractions = [0.5, 1.5]\n", r"train_fraction\(s\)=1.5"),
 ])
 def test_bad_configs_name_the_field_and_value(tmp_path, text, match):

@@ -142,7 +142,8 @@ def test_a_broken_placement_policy_stops_the_simulation_with_a_clear_error(monke
 
 
 def test_groups_wider_than_any_engine_are_a_clear_error():
-    with pytest.raises(SimulationError, match="nothing left to happen .* groups of 128 waiting.* at most 64 on one instance"):
+    with pytest.raises(SimulationError,
+                       match="nothing left to happen .* groups of 128 waiting.* at most 64 on one instance"):
         run(replace(SMALL, group_size=128, max_num_seqs=64, serving_gpus=0), "fixed_async")
 
 
