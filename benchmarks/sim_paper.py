@@ -12,8 +12,8 @@ asynchronous policy at every listed split of the job's GPUs between training and
 its best: the baselines get the split that suits them. The calibration simulates this host's
 benchmarks/elastic_e2e.py setups with the CPU profile measured here (benchmarks/sim/cpu_profile.json)
 and compares with the measured runs in benchmarks/sim/e2e_runs.jsonl (rose.sim.calibrate). `--quick`:
-12 of the 48 setups (paper scale at 256 prompts, 200 Gbit/s, both loads; the 16 + 256 fleet; 8 and
-32 GPUs), 8 steps, three splits.
+24 of the 48 setups (paper scale at 256 prompts, both links and loads; the 16 + 256 fleet; 8 and 32
+GPUs), 8 steps, four splits (0.5, 0.75, 0.875, 0.9375).
 
     python benchmarks/sim_paper.py [--quick] [--jobs 2] [--out DIR]
 """
@@ -42,9 +42,9 @@ RUNS = os.path.join(ROOT, "benchmarks", "sim", "e2e_runs.jsonl")
 def quick_subset(configs: list[SimConfig]) -> list[SimConfig]:
     def keep(c: SimConfig) -> bool:
         if c.name.startswith(("8b[", "32b[")):
-            return c.prompts == 256 and c.inter_gbit == 200.0
+            return c.prompts == 256
         return c.name.startswith(("fleet272", "scale8[", "scale32["))
-    return [replace(c, steps=min(c.steps, 8), train_fractions=(0.75, 0.875)) for c in configs if keep(c)]
+    return [replace(c, steps=min(c.steps, 8), train_fractions=(0.75, 0.875, 0.9375)) for c in configs if keep(c)]
 
 
 def one(cfg: SimConfig):
@@ -64,7 +64,7 @@ def timing_4096(steps: int = 100) -> tuple[float, dict]:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="12 setups, 8 steps, three splits (a few minutes)")
+    ap.add_argument("--quick", action="store_true", help="24 setups, 8 steps, four splits (a few minutes)")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="setups simulated at once")
     ap.add_argument("--config", default=PAPER)
     ap.add_argument("--out", default=os.path.join(ROOT, "runs", "sim-paper"))

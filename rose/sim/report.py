@@ -40,16 +40,16 @@ def headline(comps: list[Comparison]) -> dict:
         v = vals(key)
         return round(min(v), 3) if v else None
 
-    def hi(key):
+    def hi(key, digits=3):
         v = vals(key)
-        return round(max(v), 3) if v else None
+        return round(max(v), digits) if v else None
     return {"configs": len(comps), "speedup_vs_fixed_min": lo("speedup_vs_fixed"),
             "speedup_vs_fixed_max": hi("speedup_vs_fixed"),
             "rollout_time_elastic_over_rose_min": lo("rollout_time_elastic_over_rose"),
             "rollout_time_elastic_over_rose_max": hi("rollout_time_elastic_over_rose"),
             "fraction_of_ideal_min": lo("fraction_of_ideal"),
             "slo_violations": sum(vals("slo_violations")),
-            "allocation_overhead_max": hi("allocation_overhead_rose"),
+            "allocation_overhead_max": hi("allocation_overhead_rose", 6),
             "allocation_overhead_elastic_min": lo("allocation_overhead_elastic"),
             "allocation_overhead_elastic_max": hi("allocation_overhead_elastic")}
 
