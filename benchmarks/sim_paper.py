@@ -53,6 +53,24 @@ def one(cfg: SimConfig):
     return c, time.perf_counter() - t0
 
 
+# What each of ROSE's extensions contributes: rose with one switched off at a time, on two paper-scale
+# setups at the slow 20 Gbit/s link (where sync matters), rose's best split there.
+ABLATIONS = (("all on", {}), ("synchronous (staleness 0)", {"staleness": 0}),
+             ("one rollout step a serving step", {"coserve_steps": 1}), ("no tail migration", {"migrate_tail": False}),
+             ("no cache affinity", {"affinity": False}), ("dense sync", {"sparse_sync": False}),
+             ("no relays", {"relays": False}), ("dense sync, no relays", {"sparse_sync": False, "relays": False}))
+ABLATED = ("8b[algorithm=grpo-prompts=1024-inter_gbit=20.0-serving_rps=8.0]",
+           "32b[algorithm=dapo-prompts=1024-inter_gbit=20.0-serving_rps=2.0]")
+
+
+def ablate(cfg: SimConfig, split: float) -> list[tuple[str, dict]]:
+    out = []
+    for label, change in ABLATIONS:
+        r = Simulation(replace(cfg, train_fraction=split, policies=("rose",), **change), "rose").run()
+        out.append((label, r.summary()))
+    return out
+
+
 def timing_4096(steps: int = 100) -> tuple[float, dict]:
     """Wall time of one rose run of the 4,096-GPU setup for `steps` steps (this host, one core)."""
     cfg = next(c for c in load_matrix(PAPER) if c.name == "scale4096[algorithm=grpo]")
@@ -92,6 +110,17 @@ def main():
               f"{r['sim_traj_s']:>8.1f}{r['sim_no_contention_traj_s']:>20.1f}{r['error']:>8.3f}"
               f"{r['measured_rollout_s']:>10.2f}/{r['sim_rollout_s']:<9.2f}{r['measured_train_s']:>8.2f}/"
               f"{r['sim_train_s']:<9.2f}")
+    by_name = {c.config.name: c for c in comps}
+    for name in ABLATED:
+        cfg = by_name[name].config if name in by_name else next(c for c in load_matrix(args.config) if c.name == name)
+        split = by_name[name].splits["rose"] if name in by_name else 0.75
+        rows = ablate(replace(cfg, steps=min(cfg.steps, 8)) if args.quick else cfg, split)
+        base = rows[0][1]["traj_per_s"]
+        print(f"\nextensions, one off at a time: {name} (rose, split {split:g})")
+        print(f"{'':<34}{'traj/s':>8}{'x all on':>10}{'rollout s':>11}{'sync s':>8}{'sheds':>7}{'moved':>7}")
+        for label, s in rows:
+            print(f"{label:<34}{s['traj_per_s']:>8.2f}{s['traj_per_s'] / base:>10.3f}{s['rollout_s']:>11.1f}"
+                  f"{s['sync_s']:>8.1f}{s['sheds']:>7}{s['migrations']:>7}")
     t4096, s4096 = timing_4096()
     print(f"\n4,096 GPUs x 100 steps (rose, {s4096['sim_s'] / 3600:.1f} h simulated): {t4096:.1f} s here")
     paths = write(comps, args.out)

@@ -58,6 +58,7 @@ class SimConfig:
     # What a co-serving iteration costs beyond its two engine steps (the executor's own work, the HTTP
     # front end; ms): the runtime's controller learns it (`observe_iteration`) and budgets for it
     coserve_overhead_ms: float = 0.0
+    coserve_steps: int = 8  # SloConfig.max_rollout_steps: rollout steps between two serving steps at most
     # --- links (Gbit/s)
     intra_gbit: float = 400.0  # each instance's NIC inside a cluster
     inter_gbit: float = 200.0  # between clusters (job <-> serving, job <-> cloud)
@@ -87,7 +88,7 @@ class SimConfig:
         config_check(self.algorithm in ("grpo", "dapo"), c, "algorithm", self.algorithm, "grpo | dapo")
         config_check(self.trace in TRACES or self.trace.endswith(".csv"), c, "trace", self.trace,
                      f"one of {TRACES} or a path to an Azure-format .csv")
-        for f in ("job_gpus", "max_num_seqs", "steps", "prompts", "group_size", "turns_min", "max_tokens"):
+        for f in ("job_gpus", "coserve_steps", "max_num_seqs", "steps", "prompts", "group_size", "turns_min", "max_tokens"):
             config_check(isinstance(getattr(self, f), int) and getattr(self, f) >= 1, c, f, getattr(self, f),
                          "an int >= 1")
         for f in ("serving_gpus", "elastic_max_gpus", "staleness", "seed"):
