@@ -88,7 +88,8 @@ class SimConfig:
         config_check(self.algorithm in ("grpo", "dapo"), c, "algorithm", self.algorithm, "grpo | dapo")
         config_check(self.trace in TRACES or self.trace.endswith(".csv"), c, "trace", self.trace,
                      f"one of {TRACES} or a path to an Azure-format .csv")
-        for f in ("job_gpus", "coserve_steps", "max_num_seqs", "steps", "prompts", "group_size", "turns_min", "max_tokens"):
+        for f in ("job_gpus", "coserve_steps", "max_num_seqs", "steps", "prompts", "group_size", "turns_min",
+                  "max_tokens"):
             config_check(isinstance(getattr(self, f), int) and getattr(self, f) >= 1, c, f, getattr(self, f),
                          "an int >= 1")
         for f in ("serving_gpus", "elastic_max_gpus", "staleness", "seed"):
