@@ -12,8 +12,9 @@ Policies (`SimConfig.policies`):
 - ideal: rose's upper bound: serving GPUs lend their spare time and memory with no SLO budget, no
   margin, no sleep, and weights reach them for free.
 
-Decisions come from the runtime's pure functions: `place` and `plan_shed` (placement), `elastic_target`
-(the elastic scaler), `SloController.rollout_capacity` (serving spare capacity), `more_groups` (DAPO
+Decisions come from the runtime's pure functions: `place`, `plan_shed` and `plan_migrate` (placement),
+`elastic_target` (the elastic scaler), `SloController.rollout_capacity` and `steps_beside` (a serving
+GPU's spare capacity and how many rollout steps run beside each serving step), `more_groups` (DAPO
 rounds) and `plan_sync` (weight transfer). The loop only applies them.
 """
 from __future__ import annotations
@@ -42,6 +43,8 @@ class SimulationError(RuntimeError):
 
 
 class Simulation:
+    """One setup under one policy: `Simulation(cfg, policy).run()` -> `SimResult`."""
+
     def __init__(self, cfg: SimConfig, policy: str, azure_csv: str = AZURE_CSV, platform: Platform | None = None):
         self.cfg, self.policy = cfg, policy
         # Separate streams, so that every policy sees the same groups, the same serving load and the same

@@ -2,7 +2,8 @@
 
 Every iteration it asks the `SloController` for a plan and applies it: preempt the rollout sequences
 the plan names (abort them in the engine, keep their tokens), admit the ones it allows, step the
-serving engine, then the rollout engine if the plan says so. Each step's measured time feeds the
+serving engine, then the rollout engine as many times as the plan says (a serving request that
+arrives meanwhile cuts the extra steps short). Each step's measured time feeds the
 controller's latency model. A preempted rollout sequence later resumes from its prompt plus the tokens
 it had, as a new engine request for what is left; its caller sees one `Generation`. Rollout callers
 see a `RolloutEngine`, as on a dedicated worker, so the agent loop runs unchanged on a serving worker.

@@ -1,9 +1,9 @@
 """The co-serving executor's decisions, as a pure function of a snapshot.
 
-One executor steps two engines on one device, alternately: the serving engine every iteration,
-then the rollout engine if the plan says so. A serving request therefore sees, between two of its
-tokens, one serving step plus one rollout step: the rollout step is what the plan budgets. Each
-iteration the controller
+One executor steps two engines on one device: the serving engine every iteration, then the rollout
+engine as many times as the plan says (none, one, or more where the TPOT budget holds them). A
+serving request therefore sees, between two of its tokens, one serving step plus the iteration's
+rollout steps: those are what the plan budgets. Each iteration the controller
 
 1. always plans the serving step first (it never waits for rollout work);
 2. predicts the serving step's time and the time left for rollout under the TPOT budget minus a
@@ -19,7 +19,11 @@ iteration the controller
    up to `rollout_waits` iterations in a row, since serving steps swing with the prefills that arrive;
    otherwise, or after that, preempts running sequences, newest first, until the batch fits. Serving's
    need for KV memory preempts at once. Preempted sequences keep their tokens and resume later, but
-   resuming recomputes their context.
+   resuming recomputes their context;
+6. beside a serving step with no request waiting for its first token, plans as many more decode
+   steps of the running batch as the budget still holds, up to `max_rollout_steps` in all: with
+   strict alternation every rollout token would cost a whole serving step, on devices where a
+   serving step is a large part of the period and the TPOT budget is several periods long.
 
 `SloController.plan` returns an `IterationPlan`, a plain record; the executor only applies it.
 """
