@@ -1,0 +1,42 @@
+"""The simulator's sync times come from the runtime's planner; its calibration fits what it says it
+fits and predicts the rest."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from rose.sim.calibrate import COSERVE_HARVEST, GUESS, calibrate, fit_coserve_overhead, harvest
+from rose.sim.sync import sync_times
+
+RUNS = os.path.join(os.path.dirname(__file__), "..", "..", "..", "benchmarks", "sim", "e2e_runs.jsonl")
+GB = 1e9
+
+
+def test_each_shard_crosses_each_slow_link_once_and_deltas_shrink_it():
+    sites = {"job": 4, "serve": 16, "cloud": 8}
+    dense = sync_times(sites, "job", 16 * GB, 400, 20, sparse=False, relays=True)
+    assert dense.bytes_inter == pytest.approx(2 * 16 * GB, rel=1e-6)  # one crossing into each remote site
+    sparse = sync_times(sites, "job", 16 * GB, 400, 20, sparse=True, relays=True, changed_fraction=0.03)
+    assert sparse.bytes_inter == pytest.approx(2 * 16 * GB * 0.03, rel=1e-6)
+    full = sync_times(sites, "job", 16 * GB, 400, 20, sparse=False, relays=False)
+    assert full.bytes_inter == pytest.approx(24 * 16 * GB, rel=1e-6)  # every remote receiver from the source
+    assert sparse.per_site["serve"] < dense.per_site["serve"] < full.per_site["serve"]
+    # 16 GB over 20 Gbit/s is 6.4 s at least; the relays add the fan-out inside the site
+    assert dense.per_site["serve"] >= 6.4
+
+
+def test_calibration_reproduces_what_it_fits_and_reports_every_measured_mode():
+    res = calibrate(RUNS)
+    rows = {(r["policy"], r["mode"]): r for r in res["rows"]}
+    assert set(rows) >= {("fixed", "sync"), ("rose", "async"), ("ideal", "async"), ("elastic", "async")}
+    fixed = rows[("fixed", "sync")]
+    assert fixed["sim_rollout_s"] == pytest.approx(fixed["measured_rollout_s"], rel=0.01)  # the fitted figure
+    assert res["coserve_harvest"] == pytest.approx(COSERVE_HARVEST, abs=0.002)
+    assert rows[("ideal", "async")]["sim_traj_s"] < rows[("ideal", "async")]["sim_no_contention_traj_s"]
+    assert res["calibration_error"] == max(r["error"] for r in res["rows"])
+
+
+def test_more_coserving_overhead_harvests_less():
+    assert harvest(GUESS, 0.0) > harvest(GUESS, 5.0) > harvest(GUESS, 20.0)
+    assert harvest(GUESS, fit_coserve_overhead(GUESS, 0.5)) == pytest.approx(0.5, abs=0.002)
