@@ -77,6 +77,8 @@ class Simulation:
         if policy in ("rose", "ideal") and self.plat.fleet is not None:
             for i in range(cfg.serving_gpus // tp):
                 inst = Instance(f"serve/{i}", "serving", "serving", "serve", self.plat.roll, 0, 0.0)
+                if policy == "rose":
+                    inst.steps = self.plat.fleet.steps  # the controller's rollout steps beside a serving step
                 self.serving.append(self._add(inst))
         self.elastic_cfg = None
         if policy == "elastic":
@@ -85,7 +87,6 @@ class Simulation:
                                              idle_release_s=cfg.idle_release_s,
                                              allocation_delay_s=cfg.allocation_delay_s)
             self.arriving, self.last_busy, self.elastic_ids = 0, 0.0, itertools.count()
-        self._slo_memo: dict = {}
         self.retired: list[tuple[Instance, float]] = []  # instances given back or lost, and when
         self.waking: set[str] = set()
         self._waited_for_capacity, self._last_round = False, 0.0

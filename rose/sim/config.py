@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import tomllib
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, fields
 
 from rose.errors import ConfigError, config_check
 
@@ -161,11 +161,3 @@ def load_matrix(path: str) -> list[SimConfig]:
             raw["name"] = f"{name}[{varied}]" if varied else name
             out.append(make_config(raw, f"{path} config #{i + 1} {raw['name']}"))
     return out
-
-
-def describe(cfg: SimConfig) -> dict:
-    return asdict(cfg)
-
-
-def with_policy(cfg: SimConfig, policy: str) -> SimConfig:
-    return replace(cfg, policies=(policy,))

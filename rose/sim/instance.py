@@ -37,7 +37,7 @@ class Task:
 
 class Instance:
     __slots__ = ("addr", "kind", "role", "site", "cost", "slots", "used", "version", "up", "v", "t", "serving_ms",
-                 "factor", "decoding", "heap", "n_eff", "epoch", "tasks", "busy_s", "env_s", "idle_s", "first_use",
+                 "factor", "decoding", "heap", "n_eff", "epoch", "tasks", "busy_s", "env_s", "idle_s",
                  "asked_at", "asleep", "serving_busy_s", "born", "decodes", "steps")
 
     def __init__(self, addr: str, kind: str, role: str, site: str, cost: LinearCost, slots: int, now: float):
@@ -57,7 +57,6 @@ class Instance:
         self.tasks: dict[str, Task] = {}  # placed, unfinished
         self.busy_s = self.env_s = self.idle_s = 0.0  # time decoding / only waiting on environments / empty
         self.serving_busy_s = 0.0  # of busy_s, the serving steps' share
-        self.first_use = None
         self.asked_at = now
         self.born = now  # when it came up (its time since is busy_s + env_s + idle_s)
         self.decodes = 0  # serving requests decoding (serving instances)
@@ -110,8 +109,6 @@ class Instance:
         heapq.heappush(self.heap, (task.v_end, task.key))
         self.used += task.width
         self.n_eff += task.occ
-        if self.first_use is None:
-            self.first_use = now
 
     def end_decodes(self, now: float) -> list[Task]:
         """Tasks whose decode has ended by `now` (the instance's clock is brought to `now`)."""

@@ -20,8 +20,7 @@ class SimResult:
     slo_violations_alone: int = 0  # where it would have missed with no rollout at all (the load alone)
     attainment: list = field(default_factory=list)  # (time, share of serving instances within SLO)
     offer: list = field(default_factory=list)  # (time, mean rollout slots a serving instance offers)
-    sleeps: int = 0
-    wake_intervals: list = field(default_factory=list)
+    sleeps: int = 0  # times a serving GPU's rollout engine slept for serving's memory
     # rollout
     tasks_created: int = 0
     tasks_done: int = 0
@@ -74,7 +73,8 @@ class SimResult:
             "demand_max_over_min": round(max(self.demand) / max(1, min(self.demand)), 2) if self.demand else 0,
             "slo_violations": self.slo_violations, "slo_violations_alone": self.slo_violations_alone,
             "slo_windows": self.slo_windows, "sheds": self.sheds, "migrations": self.migrations,
-            "preemptions": self.preemptions,
+            "preemptions": self.preemptions, "sleeps": self.sleeps, "placement_calls": self.placement_calls,
+            "bytes_moved_gb": round(self.bytes_moved / 1e9, 1),
             "allocation_overhead": round(self.allocation_overhead, 5),
             "gpu_hours": {k: round(v, 2) for k, v in self.gpu_hours.items()},
             "sim_s": round(self.total_s, 1), "wall_s": round(self.wall_s, 2),

@@ -12,6 +12,7 @@ import numpy as np
 from rose.runtime.placement.elastic import elastic_target
 from rose.runtime.placement.policy import InFlight, RolloutTask, Running, WorkerSlot, place, plan_migrate, plan_shed
 from rose.sim.instance import Instance, Task
+from rose.sim.serving import p99
 
 PLACE_POLICY = {"fixed_sync": "fixed", "fixed_async": "fixed", "elastic": "elastic", "rose": "rose", "ideal": "rose"}
 PAUSED = 1e9  # period factor of an engine that yields its devices to the trainer
@@ -82,9 +83,9 @@ def migrate(sim, ready: list[Instance]) -> None:
         sim.r.migrations += 1
 
 
-def requeue(sim, task: Task, front: bool = True) -> None:
-    q = sim.waiting.setdefault(task.step, deque())
-    (q.appendleft if front else q.append)(task)
+def requeue(sim, task: Task) -> None:
+    """A shed or lost group goes back to the head of its step's queue."""
+    sim.waiting.setdefault(task.step, deque()).appendleft(task)
     sim._want_placement()
 
 
@@ -105,7 +106,7 @@ def serving_tick(sim, tick: int) -> None:
     rates = sim.load.at(tick)
     n = np.array([inst.n_eff for inst in sim.serving])
     b, _, s_ms = fleet.load(rates, n)
-    mem_slots, kv_frac = fleet.memory_slots(b + 2.33 * np.sqrt(b))
+    mem_slots, kv_frac = fleet.memory_slots(p99(b))
     caps = fleet.controller.caps
     ok_count = 0
     for i, inst in enumerate(sim.serving):
@@ -117,21 +118,16 @@ def serving_tick(sim, tick: int) -> None:
         else:
             inst.serving_ms = float(s_ms[i])
             decodes = inst.decodes = int(round(b[i]))
-            inst.steps = fleet.steps
             slots = min(fleet.offer(decodes), int(mem_slots[i]))
             if kv_frac[i] >= caps.sleep_at and not inst.asleep:
                 inst.asleep = True
                 sim.r.sleeps += 1
             elif inst.asleep and kv_frac[i] <= caps.wake_at and inst.addr not in sim.waking:
                 sim.waking.add(inst.addr)
-                sim.r.wake_intervals.append((sim.now, sim.now + inst.cost.wake_s))
                 sim._at(sim.now + inst.cost.wake_s, "woken", inst.addr)
             if inst.asleep:
                 slots = 0
-            key = (decodes, slots)
-            res = sim._slo_memo.get(key)
-            if res is None:
-                res = sim._slo_memo[key] = (fleet.slo_ok(decodes, slots)[0], fleet.slo_ok(decodes, 0)[0])
+            res = fleet.kept(decodes, slots)
             sim.r.slo_windows += 1
             sim.r.slo_violations += not res[0]
             sim.r.slo_violations_alone += not res[1]

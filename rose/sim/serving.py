@@ -15,14 +15,13 @@ arrives, then the prompt's prefill chunks, each with one rollout step until the 
 """
 from __future__ import annotations
 
-import csv
-import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from rose.runtime.coserve.slo import RolloutCaps, SloConfig, SloController
 from rose.sim.costs import LinearCost
+from rose.sim.workload import azure_requests
 
 
 @dataclass(frozen=True)
@@ -33,12 +32,13 @@ class RequestShape:
 
 
 def request_shape(azure_csv: str) -> RequestShape:
-    ctx, gen = [], []
-    with open(azure_csv) as f:
-        for row in csv.DictReader(f):
-            ctx.append(int(row["ContextTokens"]))
-            gen.append(int(row["GeneratedTokens"]))
-    return RequestShape(float(np.mean(ctx)), float(np.percentile(ctx, 99)), float(np.mean(gen)))
+    reqs = azure_requests(azure_csv)
+    return RequestShape(float(reqs[:, 1].mean()), float(np.percentile(reqs[:, 1], 99)), float(reqs[:, 2].mean()))
+
+
+def p99(decodes):
+    """The 99th percentile of a Poisson-distributed decode batch of mean `decodes` (normal approximation)."""
+    return decodes + 2.33 * np.sqrt(decodes)
 
 
 def fitted_controller(slo: SloConfig, serving: LinearCost, rollout: LinearCost, max_seqs: int,
@@ -62,18 +62,19 @@ class ServingFleet:
     """The serving side of every serving instance of one kind (same GPU, same two models)."""
 
     def __init__(self, slo: SloConfig, serving: LinearCost, rollout: LinearCost, shape: RequestShape,
-                 kv_budget_tokens_rollout: float, serving_kv_capacity: float, rollout_token_bytes: float,
+                 rollout_kv_bytes: float, serving_kv_capacity: float, rollout_seq_bytes: float,
                  serving_token_bytes: float, prefill_chunk: int, rng: np.random.Generator, overhead_ms: float = 0.0):
         self.slo, self.serving, self.rollout, self.shape = slo, serving, rollout, shape
-        self.rollout_kv_bytes = kv_budget_tokens_rollout  # bytes left for rollout KV with no serving KV
+        self.rollout_kv_bytes = rollout_kv_bytes  # bytes left for rollout KV with no serving KV
         self.serving_kv_capacity = serving_kv_capacity  # bytes serving may use for KV
-        self.rollout_seq_bytes = rollout_token_bytes  # KV bytes of one rollout sequence
+        self.rollout_seq_bytes = rollout_seq_bytes  # KV bytes of one rollout sequence
         self.serving_token_bytes = serving_token_bytes
         self.chunk = prefill_chunk
         self.overhead_ms = overhead_ms  # a co-serving iteration beyond its two steps
         self.controller = fitted_controller(slo, serving, rollout, rollout.max_seqs, rng, overhead_ms)
         self._offer: dict[int, int] = {}
         self._steps: dict[tuple[int, int], int] = {}
+        self._kept: dict[tuple[int, int], tuple[bool, bool]] = {}
 
     def steps(self, decodes: int, seqs: int) -> int:
         """Rollout steps the controller runs per iteration beside `decodes` serving decodes (memoised)."""
@@ -109,10 +110,18 @@ class ServingFleet:
         slots = np.floor(np.maximum(0.0, self.rollout_kv_bytes - serving_kv) / self.rollout_seq_bytes)
         return np.minimum(slots, self.rollout.max_seqs).astype(int), serving_kv / self.serving_kv_capacity
 
+    def kept(self, decodes: int, rollout_n: int) -> tuple[bool, bool]:
+        """(serving keeps its SLO beside `rollout_n` rollout sequences, and with none) over a tick (memoised)."""
+        key = (decodes, rollout_n)
+        v = self._kept.get(key)
+        if v is None:
+            v = self._kept[key] = (self.slo_ok(decodes, rollout_n)[0], self.slo_ok(decodes, 0)[0])
+        return v
+
     def slo_ok(self, decodes: float, rollout_n: float) -> tuple[bool, float, float]:
         """(kept, TPOT p99 ms, TTFT p99 ms) of one instance over a tick."""
         s, r = self.serving, self.rollout
-        b99 = decodes + 2.33 * math.sqrt(decodes)
+        b99 = float(p99(decodes))
         k = max(1, self.steps(int(round(decodes)), int(rollout_n))) if decodes > 0 else 1
         r_ms = r.decode_ms(rollout_n)
         s_ms = s.decode_ms(b99) + self.overhead_ms

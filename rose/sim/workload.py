@@ -9,12 +9,13 @@ that keeps a group at two events; with steady engine speed the total is the same
 """
 from __future__ import annotations
 
-import csv
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
+from rose.runtime.coserve.traffic import azure_trace
 from rose.runtime.dapo import more_groups
 from rose.sim.config import SimConfig
 
@@ -66,15 +67,17 @@ def next_round(cfg: SimConfig, sampled: int, kept: int, rounds: int) -> int:
 
 # --- serving load ---------------------------------------------------------------------------------
 
+@lru_cache(maxsize=4)
+def azure_requests(path: str) -> np.ndarray:
+    """(requests, 3) arrival s, prompt tokens, generated tokens of an Azure-format CSV, unscaled and
+    unclipped (read once: every simulated run of a matrix replays the same file)."""
+    big = 1 << 40
+    return np.array([(a.t, a.prompt_tokens, a.max_tokens) for a in azure_trace(path, max_prompt=big, max_gen=big)])
+
+
 def _azure_profile(path: str, bucket_s: float = 60.0) -> np.ndarray:
     """Arrivals per bucket of the Azure-format CSV, normalised to mean 1."""
-    from datetime import datetime
-    times = []
-    with open(path) as f:
-        for row in csv.DictReader(f):
-            times.append(datetime.fromisoformat(row["TIMESTAMP"][:26]).timestamp())
-    t = np.asarray(times) - min(times)
-    counts = np.bincount((t // bucket_s).astype(int)).astype(float)
+    counts = np.bincount((azure_requests(path)[:, 0] // bucket_s).astype(int)).astype(float)
     return counts / counts.mean()
 
 
