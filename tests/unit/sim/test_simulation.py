@@ -7,13 +7,15 @@ from dataclasses import replace
 import pytest
 
 import rose.runtime.coserve.slo as slo_mod
+import rose.runtime.dapo as dapo
 import rose.runtime.placement.elastic as elastic_mod
 import rose.runtime.placement.policy as policy_mod
 import rose.runtime.weights.plan as plan_mod
+import rose.sim.sync as sync_mod
 from rose.sim import SimConfig, Simulation
 from rose.sim.cluster import SimulationError
 from rose.sim import platform as platform_mod
-from rose.sim import scaling, serving
+from rose.sim import scaling, serving, workload
 from rose.sim.compare import compare
 
 SMALL = SimConfig(name="t", job_gpus=8, serving_gpus=8, prompts=48, group_size=8, steps=5, turns_max=6,
@@ -83,12 +85,15 @@ def test_relays_and_sparse_sync_each_shorten_sync():
     assert sparse < relayed < full
 
 
-def test_slo_check_can_fail():
-    hot = replace(SMALL, serving_rps=40.0, tpot_ms=60.0, ttft_ms=2000.0)
-    assert run(replace(hot, slo_margin=0.0), "rose").slo_violations > 0 or \
-        run(replace(hot, slo_margin=0.0), "rose").slo_violations_alone > 0
-    r = run(SMALL, "rose")
-    assert r.slo_windows > 0 and r.slo_violations == 0
+def test_the_slo_check_catches_a_controller_that_ignores_the_budget(monkeypatch):
+    cfg = replace(SMALL, tpot_ms=60.0)
+    r = run(cfg, "rose")
+    assert r.placements.get("serving", 0) > 0 and r.slo_windows > 0
+    assert r.slo_violations == r.slo_violations_alone == 0  # the real controller keeps the TPOT budget
+    # Eight rollout steps beside every serving step, whatever the budget: serving misses its TPOT.
+    monkeypatch.setattr(serving.ServingFleet, "steps", lambda self, decodes, seqs: 8)
+    greedy = run(cfg, "rose")
+    assert greedy.slo_violations > 0 and greedy.slo_violations_alone == 0
 
 
 def test_bursty_load_sheds_and_nothing_is_lost():
@@ -118,21 +123,21 @@ def test_the_runtime_policies_make_the_decisions(monkeypatch):
     assert scaling.place is policy_mod.place and scaling.plan_shed is policy_mod.plan_shed
     assert scaling.plan_migrate is policy_mod.plan_migrate and scaling.elastic_target is elastic_mod.elastic_target
     assert serving.SloController is slo_mod.SloController
-    assert platform_mod.sync_times.__module__ == "rose.sim.sync"
+    assert sync_mod.plan_sync is plan_mod.plan_sync and sync_mod.plan_full is plan_mod.plan_full
+    assert workload.more_groups is dapo.more_groups
     # ... and calls them: spies on the names the simulator looks up see every decision.
     calls: dict = {}
     _spy(monkeypatch, scaling, "place", calls)
     _spy(monkeypatch, scaling, "elastic_target", calls)
     _spy(monkeypatch, slo_mod.SloController, "rollout_capacity", calls)
-    import rose.sim.sync as sync_mod
+    _spy(monkeypatch, slo_mod.SloController, "steps_beside", calls)
     _spy(monkeypatch, sync_mod, "plan_sync", calls)
-    assert sync_mod.plan_sync is plan_mod.plan_sync or calls == {}
     platform_mod._sync_cached.cache_clear()
     cfg = replace(SMALL, seed=7)
     run(cfg, "rose")
     run(cfg, "elastic")
     assert calls.get("place", 0) > 0 and calls.get("rollout_capacity", 0) > 0
-    assert calls.get("elastic_target", 0) > 0 and calls.get("plan_sync", 0) > 0
+    assert calls.get("elastic_target", 0) > 0 and calls.get("plan_sync", 0) > 0 and calls.get("steps_beside", 0) > 0
 
 
 def test_a_broken_placement_policy_stops_the_simulation_with_a_clear_error(monkeypatch):
