@@ -42,7 +42,7 @@ class Comparison:
         e, r = self.results.get("elastic"), self.results.get("rose")
         if not e or not r:
             return None
-        return _mean_rollout(e) / _mean_rollout(r)
+        return mean_rollout(e) / mean_rollout(r)
 
     def fraction_of_ideal(self) -> float | None:
         f, r, i = self.fixed, self._tp("rose"), self._tp("ideal")
@@ -67,7 +67,8 @@ class Comparison:
                 "splits": self.splits}
 
 
-def _mean_rollout(r: SimResult) -> float:
+def mean_rollout(r: SimResult) -> float:
+    """Mean rollout phase over steps 1.. (step 0 starts cold)."""
     xs = r.rollout_s[1:] or r.rollout_s
     return sum(xs) / max(1, len(xs))
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from rose.runtime.coserve.slo import SloConfig
 from rose.sim.config import SimConfig
-from rose.sim.costs import GPUS, MODELS, CostModel, LinearCost, load_cpu_profile, train_seconds
+from rose.sim.costs import GPUS, MODELS, CostModel, CpuProfile, LinearCost, load_cpu_profile, train_seconds
 from rose.sim.serving import RequestShape, ServingFleet, request_shape
 from rose.sim.sync import SyncTimes, sync_times
 
@@ -31,7 +31,7 @@ class Platform:
     fleet: ServingFleet | None  # serving instances (None: no serving GPUs)
     tp: int  # devices per instance
     cfg: SimConfig
-    cpu: object = None  # the CPU profile, on platform "cpu"
+    cpu: CpuProfile | None = None  # the measured profile, on platform "cpu"
     # Slow-down of the trainer and of rollout engines on other devices while both run (the host's
     # shared caches and memory bandwidth; 0 on GPUs, which share neither)
     contention: float = 0.0

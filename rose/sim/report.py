@@ -6,7 +6,7 @@ import os
 
 import numpy as np
 
-from rose.sim.compare import Comparison, _mean_rollout
+from rose.sim.compare import Comparison, mean_rollout
 
 COLUMNS = ("policy", "split", "traj/s", "x fixed", "rollout s", "train s", "sync s", "demand", "SLO miss",
            "sheds", "moved", "alloc", "GPU-h job", "GPU-h extra")
@@ -22,7 +22,7 @@ def table(c: Comparison) -> str:
         extra = r.gpu_hours.get("elastic", 0.0) + r.gpu_hours.get("serving_borrowed", 0.0)
         miss = f"{r.slo_violations}/{r.slo_windows}" if r.slo_windows else "-"
         cells = (p, f"{c.splits[p]:g}", f"{r.throughput:.2f}", f"{r.throughput / fixed:.2f}",
-                 f"{_mean_rollout(r):.1f}", f"{np.mean(r.train_s):.1f}", f"{max(r.sync_s, default=0):.2f}",
+                 f"{mean_rollout(r):.1f}", f"{np.mean(r.train_s):.1f}", f"{max(r.sync_s, default=0):.2f}",
                  f"{max(r.demand) / max(1, min(r.demand)):.2f}x" if r.demand else "-", miss, str(r.sheds),
                  str(r.migrations), f"{r.allocation_overhead:.4f}", f"{r.gpu_hours['job']:.1f}", f"{extra:.1f}")
         lines.append("  ".join(f"{x:>11}" for x in cells))
@@ -33,8 +33,10 @@ def table(c: Comparison) -> str:
 
 
 def headline(comps: list[Comparison]) -> dict:
+    rows = [c.row() for c in comps]
+
     def vals(key):
-        return [c.row()[key] for c in comps if c.row()[key] is not None]
+        return [r[key] for r in rows if r[key] is not None]
 
     def lo(key):
         v = vals(key)
