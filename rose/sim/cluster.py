@@ -29,9 +29,11 @@ import numpy as np
 from rose.config import ElasticConfig
 from rose.sim.config import SimConfig
 from rose.sim.instance import Instance, Task
+from rose.sim.job import Trainer, split_for
 from rose.sim.platform import AZURE_CSV, Platform, build
 from rose.sim.result import SimResult
 from rose.sim.scaling import PAUSED, instance_up, place_waiting, preempt, scale_elastic, serving_tick
+from rose.sim.sync import sync_step
 from rose.sim.workload import ServingLoad, next_round, sample_groups, varied_fraction
 
 
@@ -65,14 +67,13 @@ class Simulation:
         self.colocated = policy == "fixed_sync" or cfg.colocated
         self.staleness = 0 if policy == "fixed_sync" else cfg.staleness
         tp = self.plat.tp
-        if self.colocated:
-            self.train_gpus, n_ded = cfg.job_gpus, max(1, cfg.job_gpus // tp)
-        else:
-            self.train_gpus = max(1, round(cfg.job_gpus * cfg.train_fraction))
-            n_ded = max(1, (cfg.job_gpus - self.train_gpus) // tp)
-        for i in range(n_ded):
+        self.split = split = split_for(cfg, policy, tp, self.colocated, self.plat.fleet is not None)
+        self.train_gpus, self.trainer = split.train_gpus, Trainer()
+        for i in range(split.dedicated):
             roll = self.plat.roll
             self._add(Instance(f"job/{i}", "dedicated", "dedicated", "job", roll, roll.max_seqs, 0.0))
+        # the rollout instance that time-shares the trainer's devices (None: the trainer's are its own)
+        self.shared = self.insts["job/0"] if split.shared else None
         self.serving = []
         if policy in ("rose", "ideal") and self.plat.fleet is not None:
             for i in range(cfg.serving_gpus // tp):
@@ -104,6 +105,10 @@ class Simulation:
         t = inst.next_end()
         if t is not None:
             self._at(t, "decoded", inst.addr, inst.epoch)
+        if inst is self.shared and self.training:
+            end = self.trainer.engine_changed(self.now, inst.n_eff > 0)
+            if end is not None:
+                self._at(end, "trained", self.next_train, self.trainer.epoch)
 
     def _want_placement(self) -> None:
         if not self.place_due:
@@ -202,11 +207,22 @@ class Simulation:
                     inst.factor = PAUSED
                     self._retime(inst)
             dt += self.plat.reload_s()
-        self.r.train_s.append(dt)
-        self._at(self.now + dt, "trained", k)
+        self._at(self.trainer.start(self.now, dt, self.shared is not None and self.shared.n_eff > 0), "trained", k,
+                 self.trainer.epoch)
+        if self.shared is not None:  # the engine on the trainer's devices runs at the shared speed meanwhile
+            self.shared.advance(self.now)
+            self.shared.factor = 1 / Trainer.SHARE
+            self._retime(self.shared)
 
-    def _on_trained(self, k: int) -> None:
+    def _on_trained(self, k: int, epoch: int) -> None:
+        if epoch != self.trainer.epoch:
+            return
         self.training = False
+        self.r.train_s.append(self.now - self.trainer.started)
+        if self.shared is not None:
+            self.shared.advance(self.now)
+            self.shared.factor = 1.0
+            self._retime(self.shared)
         self.next_train = k + 1
         self.version = k + 1
         self.r.step_end.append(self.now)
@@ -227,19 +243,7 @@ class Simulation:
         self._want_placement()
 
     def _sync(self, version: int) -> None:
-        sites: dict[str, int] = {}
-        for inst in self.insts.values():
-            if self.colocated and inst.kind == "dedicated":
-                continue
-            if inst.up and not (self.policy == "ideal" and inst.kind == "serving"):
-                sites[inst.site] = sites.get(inst.site, 0) + 1
-            elif self.policy == "ideal" and inst.kind == "serving":
-                inst.version = version  # ideal: free weights
-        times = self.plat.sync(sites)
-        self.r.sync_s.append(max(times.per_site.values(), default=0.0))
-        self.r.bytes_moved += times.bytes_moved
-        for site, dt in times.per_site.items():
-            self._at(self.now + dt, "synced", site, version)
+        sync_step(self, version)
 
     def _on_synced(self, site: str, version: int) -> None:
         for inst in self.insts.values():
@@ -252,8 +256,9 @@ class Simulation:
         inst = self.insts.get(addr)
         if inst is None or epoch != inst.epoch:
             return
+        slow = inst.core_slowdown() if self.plat.cpu is not None else 1.0
         for task in inst.end_decodes(self.now):
-            self._at(self.now + task.env_s + task.extra_s, "finished", task, task.run)
+            self._at(self.now + task.env_s * slow + task.extra_s, "finished", task, task.run)
         self._retime(inst)
 
     def _on_finished(self, task: Task, run: int) -> None:

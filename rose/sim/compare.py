@@ -22,7 +22,7 @@ FIXED = ("fixed_sync", "fixed_async")
 class Comparison:
     config: SimConfig
     results: dict  # policy -> SimResult (its best split)
-    splits: dict  # policy -> train_fraction it ran with
+    splits: dict  # policy -> share of the job's GPUs that trained in its best run
 
     def _tp(self, p: str) -> float | None:
         r = self.results.get(p)
@@ -78,12 +78,19 @@ def compare(cfg: SimConfig, progress=None) -> Comparison:
     for policy in cfg.policies:
         fractions = [cfg.train_fraction] if policy == "fixed_sync" or cfg.colocated else \
             sorted({cfg.train_fraction, *cfg.train_fractions})
-        best = None
+        best, seen = None, set()
         for f in fractions:
-            r = Simulation(replace(cfg, train_fraction=f), policy).run()
+            sim = Simulation(replace(cfg, train_fraction=f), policy)
+            if sim.split in seen:  # whole rollout instances: another fraction gave this split already
+                if progress:
+                    progress(cfg, policy, f, None)
+                continue
+            seen.add(sim.split)
+            r = sim.run()
             if progress:
                 progress(cfg, policy, f, r)
+            share = round(sim.split.train_gpus / cfg.job_gpus, 4)  # the split as run
             if best is None or r.throughput > best[1].throughput:
-                best = (f, r)
+                best = (share, r)
         splits[policy], results[policy] = best
     return Comparison(cfg, results, splits)

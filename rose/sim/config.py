@@ -30,7 +30,9 @@ class SimConfig:
     job_gpus: int = 48  # the RL job's own GPUs (trainer and dedicated rollout engines)
     serving_gpus: int = 64  # GPUs serving online traffic whose spare capacity rose may borrow
     max_num_seqs: int = 256  # rollout sequences an engine instance runs at once at most (vLLM's default)
-    train_fraction: float = 0.5  # asynchronous policies: share of job_gpus that train (the rest roll out)
+    # Asynchronous policies: share of job_gpus that train (the rest roll out; 1: every job GPU trains and
+    # rollouts run only outside the job, on serving or on-demand GPUs)
+    train_fraction: float = 0.5
     # Asynchronous policies: other splits to try (each policy keeps its best: baselines are set up to win)
     train_fractions: tuple[float, ...] = ()
     # Asynchronous policies: the job's rollout engines share the trainer's devices and pause while it trains
@@ -97,7 +99,7 @@ class SimConfig:
                          "an int >= 0")
         config_check(self.turns_max >= self.turns_min, c, "turns_max", self.turns_max, f">= turns_min={self.turns_min}")
         for f in (self.train_fraction, *self.train_fractions):
-            config_check(0 < f < 1, c, "train_fraction(s)", f, "in (0, 1)")
+            config_check(0 < f <= 1, c, "train_fraction(s)", f, "in (0, 1]")
         config_check(0 < self.changed_fraction <= 1, c, "changed_fraction", self.changed_fraction, "in (0, 1]")
         config_check(0 <= self.slo_margin < 1, c, "slo_margin", self.slo_margin, "in [0, 1)")
         for f in ("tokens_per_turn", "serving_token_scale", "ttft_ms", "tpot_ms", "intra_gbit", "inter_gbit", "tick_s",

@@ -76,6 +76,15 @@ class Instance:
             return (self.serving_ms / k + r) * self.factor / 1e3
         return (self.serving_ms + r) * self.factor / 1e3
 
+    def core_slowdown(self) -> float:
+        """How much slower than on a core of its own the agent loop's work between two turns runs here, on a
+        CPU host where that work shares the worker's core with its engines: on a serving instance it gets
+        the rollout's share of the core (the serving steps come first); beside the trainer, its share."""
+        if self.serving_ms:
+            r = self.cost.decode_ms(self.n_eff) * self.factor / 1e3
+            return self.period_s() / r
+        return self.factor if self.factor < 1e6 else 1.0
+
     def advance(self, now: float) -> None:
         dt = now - self.t
         if dt <= 0:

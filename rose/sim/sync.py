@@ -74,3 +74,22 @@ def sync_times(sites: dict[str, int], source_site: str, weight_bytes: float, int
     for addr, tt in done.items():
         per_site[site_of[addr]] = max(per_site.get(site_of[addr], 0.0), tt)
     return SyncTimes(per_site, moved, crossed)
+
+
+def sync_step(sim, version: int) -> None:
+    """Publish `version` to every site holding a rollout instance that takes weights over the network
+    (colocated engines reload in place; ideal's serving instances get theirs for free), and schedule
+    each site's arrival."""
+    sites: dict[str, int] = {}
+    for inst in sim.insts.values():
+        if sim.colocated and inst.kind == "dedicated":
+            continue
+        if sim.policy == "ideal" and inst.kind == "serving":
+            inst.version = version
+        elif inst.up:
+            sites[inst.site] = sites.get(inst.site, 0) + 1
+    times = sim.plat.sync(sites)
+    sim.r.sync_s.append(max(times.per_site.values(), default=0.0))
+    sim.r.bytes_moved += times.bytes_moved
+    for site, dt in times.per_site.items():
+        sim._at(sim.now + dt, "synced", site, version)
