@@ -13,8 +13,9 @@ its best: the baselines get the split that suits them. The calibration simulates
 benchmarks/elastic_e2e.py setups with the CPU profile measured here (benchmarks/sim/cpu_profile.json)
 and compares with the measured runs in benchmarks/sim/e2e_runs.jsonl (rose.sim.calibrate). `--quick`:
 24 of the 48 setups (paper scale at 256 prompts, both links and loads; the 16 + 256 fleet; 8 and 32
-GPUs), 8 steps, five splits (0.5, 0.75, 0.875, 0.9375, 1: every job GPU trains and rollouts run only
-outside the job, for the policies that have capacity there).
+GPUs), 8 steps, four splits (0.5, 0.75, 0.875, 0.9375). A split counts whole rollout instances: where
+the share left over cannot hold one (32B-class models take 4 GPUs), every job GPU trains and the
+policies with capacity outside the job (elastic, rose, ideal) roll out only there.
 
     python benchmarks/sim_paper.py [--quick] [--jobs 2] [--out DIR]
 """
@@ -45,7 +46,7 @@ def quick_subset(configs: list[SimConfig]) -> list[SimConfig]:
         if c.name.startswith(("8b[", "32b[")):
             return c.prompts == 256
         return c.name.startswith(("fleet272", "scale8[", "scale32["))
-    return [replace(c, steps=min(c.steps, 8), train_fractions=(0.75, 0.875, 0.9375, 1.0)) for c in configs if keep(c)]
+    return [replace(c, steps=min(c.steps, 8), train_fractions=(0.75, 0.875, 0.9375)) for c in configs if keep(c)]
 
 
 def one(cfg: SimConfig):
