@@ -78,16 +78,14 @@ class Partial:
 @dataclass
 class Continuation:
     """What a shed rollout task returns at once: its finished trajectories and where the others stopped.
-
     `finish_rollout` resubmits it (`resume_rollout`) and the placement puts it elsewhere; its trajectory
-    ids stay those of `specs`, so nothing is lost or duplicated.
-    """
+    ids stay those of `specs`, so nothing is lost or duplicated."""
 
     key: str  # the original rollout task's key
     attempt: int  # times this group has been shed so far (1 for the first continuation)
     specs: tuple[RolloutSpec, ...]
     states: list  # per spec: a finished Trajectory or a Partial
-    worker: str  # the worker that shed it (its engine holds these prefixes in cache)
+    worker: str | None  # the worker it should resume on (its engine holds these prefixes); None: any
 
     @property
     def width(self) -> int:
@@ -257,10 +255,11 @@ async def _run_group(specs, states, key: str | None, attempt: int) -> pa.RecordB
     try:
         out = list(await asyncio.gather(*(_one(s, w, st, lambda: w.should_shed(key))
                                           for s, st in zip(specs, states))))
+        affinity = w.affinity(key)
     finally:
         w.rollout_ended(key)
     if any(isinstance(o, Partial) for o in out):
-        return Continuation(key, attempt + 1, tuple(specs), out, w.address)
+        return Continuation(key, attempt + 1, tuple(specs), out, affinity)
     return to_batch(out)
 
 
@@ -281,7 +280,7 @@ async def resume_rollout(cont: Continuation, key: str) -> pa.RecordBatch | Conti
 async def finish_rollout(result, key: str, annotations: dict) -> pa.RecordBatch:
     """Task (cheap; it runs where the rollout's result is): the group's trajectories. A Continuation is
     resubmitted as a new rollout task (same annotations, so the placement plugin parks and places it;
-    affinity to the worker that shed it) until the group is done. Keys are deterministic, so a retried
+    affinity to the worker that shed it, unless it was shed to move) until the group is done. Keys are deterministic, so a retried
     finish reuses the resume task. A coroutine: the common case (no shedding) returns on the worker's
     event loop without a thread handoff."""
     if not isinstance(result, Continuation):
@@ -293,7 +292,7 @@ async def finish_rollout(result, key: str, annotations: dict) -> pa.RecordBatch:
     while isinstance(result, Continuation):
         k = f"{key}-resume{result.attempt}"
         with dask.annotate(**{**annotations, Annotation.WIDTH: max(1, result.width),
-                              Annotation.AFFINITY: result.worker}):
+                              **({Annotation.AFFINITY: result.worker} if result.worker else {})}):
             fut = client.submit(resume_rollout, result, k, key=k, pure=False, retries=2)
         result = await fut
         fut.release()

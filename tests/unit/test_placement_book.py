@@ -219,3 +219,42 @@ def test_dispatch_fits_free_slots_and_only_running_rollout_workers(ws, ts, polic
         assert book.workers[a.worker].weight_version >= book.tasks[a.key].min_version
     for addr in {a.worker for a in got}:
         assert sum(width[a.key] for a in got if a.worker == addr) <= free[addr]
+
+
+def test_the_tail_moves_off_a_serving_worker_once_a_dedicated_worker_has_room():
+    book = make_book(dedicated(slots=16), serving(slots=32))
+    run_task(book, "a", D, 16, now=1.0)
+    run_task(book, "old", S, 8, now=2.0)
+    run_task(book, "new", S, 8, now=3.0)
+    assert book.tick(4.0, RUNNING, "t1") == []  # the dedicated worker is full
+    book.on_finished("a", "memory", "a-done")
+    assert book.tick(5.0, RUNNING, "t2", waiting=1) == []  # tasks wait: they take the room first
+    assert book.tick(5.0, RUNNING, "t3") == [Shed(S, ("old", "new"), "migrate")]  # oldest first
+    assert book.counts[f"migrated@{S}"] == 2 and book.events[-1].kind == "migrate"
+    assert book.tick(6.0, RUNNING, "t4") == []  # asked once
+    book.on_finished("old", "memory", "old-shed")  # its continuation is on its way
+    assert book.tick(6.5, RUNNING, "t5") == []  # the room stays held for it
+    book.on_parked([RolloutTask("old-resume1", 8)], 7.0, "old-back")
+    assert book.dispatch(["old-resume1"], 7.0, RUNNING, "d1") == [Assignment("old-resume1", D, "dedicated")]
+
+
+def test_a_move_holds_its_room_so_one_free_slot_draws_one_task():
+    book = make_book(dedicated(slots=8), serving(slots=32))
+    run_task(book, "b", S, 8, now=1.0)
+    run_task(book, "c", S, 8, now=2.0)
+    assert book.tick(3.0, RUNNING, "t1") == [Shed(S, ("b",), "migrate")]
+    assert book.tick(3.5, RUNNING, "t2") == []
+    book.on_finished("b", "erred", "b-failed")  # no continuation will come: the room is free again
+    assert book.tick(4.0, RUNNING, "t3") == [Shed(S, ("c",), "migrate")]
+
+
+def test_nothing_moves_with_migration_off_or_under_the_fixed_policy():
+    for book in (PlacementBook("rose", 0.5, now=0.0, migrate=False), PlacementBook("fixed", 0.5, now=0.0)):
+        for r in (dedicated(slots=16), serving(slots=16)):
+            book.on_report(r.worker, r, 0.0, RUNNING, "join")
+        if book.policy == "fixed":
+            book.inflight[S]["b"] = book_module.InFlight("b", 8, 1.0)  # (fixed never places there)
+            book.tasks["b"], book.where["b"] = RolloutTask("b", 8), S
+        else:
+            run_task(book, "b", S, 8, now=1.0)
+        assert book.tick(2.0, RUNNING, "t") == []

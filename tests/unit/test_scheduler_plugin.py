@@ -69,7 +69,7 @@ def test_a_colocated_worker_yields_to_a_running_train_step_and_gets_its_slots_ba
     plugin.transition("g-train-s1", "waiting", "processing", stimulus_id="t")
     assert _slot(plugin, "tcp://d").slots == 0 and _slot(plugin, "tcp://s").slots == 16
     # what the colocated worker runs is shed at once, without waiting out shed_after_s; nothing else is
-    assert sent == [("tcp://d", {"op": "rose-shed", "keys": ["rose-rollout-a"]})]
+    assert sent == [("tcp://d", {"op": "rose-shed", "keys": ["rose-rollout-a"], "migrate": False})]
     assert plugin.state()["training"] == ["g-train-s1"]
 
     plugin.transition("g-train-s1", "processing", "memory", stimulus_id="t")

@@ -99,9 +99,14 @@ def test_a_dedicated_worker_prepares_reports_commits_and_sheds(spec, monkeypatch
 
             worker.stream_handlers["rose-shed"](keys=["k1"])
             assert plugin.should_shed("k1") and not plugin.should_shed(None)
+            assert plugin.affinity("k1") == "tcp://w:1"  # shed for room: resume here, where its prefix is
             plugin.rollout_started("k1", 4)
             plugin.rollout_ended("k1")
             assert not plugin.should_shed("k1")
+            worker.stream_handlers["rose-shed"](keys=["k2"], migrate=True)
+            assert plugin.should_shed("k2") and plugin.affinity("k2") is None  # moving away: resume anywhere
+            plugin.rollout_ended("k2")
+            assert not plugin.should_shed("k2") and plugin.affinity("k2") == "tcp://w:1"
         finally:
             plugin.teardown(worker)
 

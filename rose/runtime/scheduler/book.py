@@ -12,55 +12,16 @@ from __future__ import annotations
 import collections
 import logging
 from collections.abc import Container
-from dataclasses import dataclass
-from typing import NamedTuple
 
 from rose.config import POLICIES
 from rose.runtime.placement import Assignment, InFlight, RolloutTask, WorkerSlot, place, plan_shed
+from rose.runtime.placement.policy import Running, plan_migrate
 from rose.runtime.protocol import ROLES, WorkerReport
+from rose.runtime.scheduler.records import Dispatch, Instruction, LogEntry, Sample, Shed
+
+__all__ = ["Dispatch", "Instruction", "LogEntry", "PlacementBook", "Sample", "Shed"]
 
 logger = logging.getLogger("rose.scheduler")
-
-
-@dataclass(frozen=True)
-class Shed:
-    """Ask one worker to give rollout tasks back at their next turn boundary."""
-
-    worker: str  # address of the worker
-    keys: tuple[str, ...]  # rollout task keys, newest first
-    reason: str  # "over-slots" (more sequences than slots for shed_after_s) | "training" (colocated)
-
-
-@dataclass(frozen=True)
-class Dispatch:
-    """Room or work may have appeared: run `dispatch` soon (never from inside the event that asked)."""
-
-    stimulus_id: str  # the event that made it due
-
-
-Instruction = Shed | Dispatch
-
-
-class LogEntry(NamedTuple):
-    """One line of the event log (a tuple, so that snapshots stay plain data)."""
-
-    time: float  # the event's `now` (s)
-    kind: str  # joined | refused | removed | shed | training | warning
-    worker: str  # address it concerns ("" for none)
-    detail: str  # what happened, for people
-    stimulus_id: str  # the event that caused it
-
-
-class Sample(NamedTuple):
-    """One rollout worker at one tick (a tuple, so that the dashboard reads plain data)."""
-
-    time: float  # the tick's `now` (s)
-    worker: str  # address
-    role: str  # dedicated | serving
-    slots: int  # rollout sequences it could run then
-    used: int  # sequences of its placed, unfinished tasks
-    slo_met: int | None  # serving workers: requests completed inside the SLO, cumulative
-    slo_requests: int | None  # serving workers: requests completed, cumulative
 
 
 class PlacementBook:
@@ -69,7 +30,7 @@ class PlacementBook:
     minutes of 8 workers at 4 ticks a second); `events_len`: event log lines kept."""
 
     def __init__(self, policy: str = "rose", shed_after_s: float = 0.5, now: float = 0.0,
-                 history_len: int = 19200, events_len: int = 1000):
+                 history_len: int = 19200, events_len: int = 1000, migrate: bool = True):
         if policy not in POLICIES:
             raise ValueError(f"unknown ROSE placement policy {policy!r}; choose one of {list(POLICIES)}")
         self.policy = policy
@@ -88,6 +49,11 @@ class PlacementBook:
         self.training: set[str] = set()  # keys of train tasks running now (colocated workers yield)
         self.last_busy = now  # last time a rollout waited or ran (for the elastic scaler) (s)
         self.waiting_warning: str | None = None  # why parked tasks wait with no worker to take them
+        # rose: move the tail off serving workers once dedicated ones have room (`plan_migrate`)
+        self.migrate = migrate and policy == "rose"
+        # key of a task asked to migrate -> (dedicated worker it is meant for, its width): room held there
+        # until its continuation is parked, so that one free slot does not draw several tasks
+        self.migrating: dict[str, tuple[str, int]] = {}
 
     # ---------------------------------------------------------------- workers
     def on_worker_added(self, addr: str, stimulus_id: str) -> None:
@@ -141,6 +107,7 @@ class PlacementBook:
         """Rollout tasks now wait for `dispatch` (new, retried, or back from a worker that left)."""
         for t in tasks:
             self.tasks[t.key] = t
+            self.migrating.pop(t.key.rsplit("-resume", 1)[0], None)  # its continuation is here: room freed
         if not tasks:
             return []
         self.last_busy = now
@@ -158,6 +125,8 @@ class PlacementBook:
                 self.shedding[addr].discard(key)
                 self.counts[f"shed-returned@{addr}"] += 1
             self.counts[f"{finish_state}@{addr}"] += 1
+        if finish_state != "memory":
+            self.migrating.pop(key, None)  # no continuation will come
         return [Dispatch(stimulus_id)]
 
     def on_forgotten(self, key: str) -> None:
@@ -218,15 +187,44 @@ class PlacementBook:
             self._event(now, "warning", "", msg, stimulus_id)
         self.waiting_warning = msg
 
-    def tick(self, now: float, running: Container[str], stimulus_id: str) -> list[Shed]:
-        """Periodic: sample each rollout worker into the history; shed where a worker stayed over its slots."""
+    def tick(self, now: float, running: Container[str], stimulus_id: str, waiting: int = 0) -> list[Shed]:
+        """Periodic: sample each rollout worker into the history; shed where a worker stayed over its slots;
+        with nothing `waiting` (parked tasks), move the tail off serving workers."""
         if any(self.inflight.values()):
             self.last_busy = now
         out: list[Shed] = []
-        for w in self.view(running):
+        view = self.view(running)
+        for w in view:
             r = self.workers[w.address]
             self.history.append(Sample(now, w.address, w.role, w.slots, w.used, r.slo_met, r.slo_requests))
             out += self._check_shed(w, now, stimulus_id)
+        if self.migrate and not waiting and not out:
+            out += self._check_migrate(view, now, stimulus_id)
+        return out
+
+    # A serving worker's rollouts run in what its serving traffic leaves; a dedicated worker with room
+    # runs them faster. plan_migrate picks the oldest groups on serving workers (the likeliest tail) that
+    # fit the dedicated workers' free slots, less the room already held for earlier moves.
+    def _check_migrate(self, view: list[WorkerSlot], now: float, stimulus_id: str) -> list[Shed]:
+        held = collections.Counter()
+        for dst, width in self.migrating.values():
+            held[dst] += width
+        slots = [WorkerSlot(w.address, w.role, w.slots, w.used + held[w.address], w.weight_version) for w in view]
+        roles = {w.address: w.role for w in view}
+        running = [Running(k, addr, t.width, t.placed_at) for addr, tasks in self.inflight.items()
+                   if roles.get(addr) == "serving" for k, t in tasks.items() if k not in self.shedding[addr]]
+        moves = plan_migrate(running, slots, 0)
+        by_src: dict[str, list[str]] = collections.defaultdict(list)
+        for a in moves:
+            src = self.where[a.key]
+            by_src[src].append(a.key)
+            self.shedding[src].add(a.key)
+            self.migrating[a.key] = (a.worker, self.tasks[a.key].width)
+        out = []
+        for src, keys in by_src.items():
+            self.counts[f"migrated@{src}"] += len(keys)
+            self._event(now, "migrate", src, f"{len(keys)} tasks to dedicated workers with room", stimulus_id)
+            out.append(Shed(src, tuple(keys), "migrate"))
         return out
 
     # Over its slots, a worker waits out shed_after_s first: a serving worker's capacity dips briefly

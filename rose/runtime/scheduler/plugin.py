@@ -58,9 +58,11 @@ class RoseScheduler(SchedulerPlugin):
     name = PLUGIN_NAME
     idempotent = True
 
-    def __init__(self, policy: str = "rose", shed_after_s: float = 0.5, history_s: float = 600.0):
+    def __init__(self, policy: str = "rose", shed_after_s: float = 0.5, history_s: float = 600.0,
+                 migrate: bool = True):
         # history: about 8 rollout workers' samples a tick, for history_s seconds
-        self.book = PlacementBook(policy, shed_after_s, time.monotonic(), history_len=int(history_s / TICK_S) * 8)
+        self.book = PlacementBook(policy, shed_after_s, time.monotonic(), history_len=int(history_s / TICK_S) * 8,
+                                  migrate=migrate)
         self.scheduler = None
         self.train_keys: set[str] = set()  # tasks annotated Annotation.TRAINS, until forgotten
         self.errors = 0  # hook failures so far
@@ -171,7 +173,8 @@ class RoseScheduler(SchedulerPlugin):
             if isinstance(i, Dispatch):
                 self._kick()
             elif isinstance(i, Shed):
-                self.scheduler.worker_send(i.worker, {"op": "rose-shed", "keys": list(i.keys)})
+                self.scheduler.worker_send(i.worker, {"op": "rose-shed", "keys": list(i.keys),
+                                                      "migrate": i.reason == "migrate"})
 
     def _kick(self) -> None:
         if not self._kick_pending and self.scheduler is not None:
@@ -198,7 +201,7 @@ class RoseScheduler(SchedulerPlugin):
     @_guarded
     def _tick(self) -> None:
         now = time.monotonic()
-        self._apply(self.book.tick(now, self.running(), f"rose-tick-{now}"))
+        self._apply(self.book.tick(now, self.running(), f"rose-tick-{now}", waiting=len(self.parked())))
 
     # ---------------------------------------------------------------- introspection
     def state(self) -> dict:

@@ -65,6 +65,7 @@ class RoseWorker(WorkerPlugin):
         # Rollout tasks running here (key -> trajectories) and the keys the scheduler asked to shed.
         self.rollouts: dict[str, int] = {}
         self.shed: set[str] = set()
+        self.migrating: set[str] = set()  # of `shed`, the keys shed to move to a dedicated worker
         self._last_sent: tuple | None = None
         self._last_sent_t = 0.0
         self._report_pc = None
@@ -143,15 +144,23 @@ class RoseWorker(WorkerPlugin):
             self._last_sent, self._last_sent_t = sig, now
             self.worker.log_event(TOPIC, r.to_msg())
 
-    def _on_shed(self, keys=(), **kwargs) -> None:
+    def _on_shed(self, keys=(), migrate=False, **kwargs) -> None:
         """Scheduler: give these rollout tasks back at their next turn boundary (a task that has not
-        started yet gives itself back at its first)."""
+        started yet gives itself back at its first). `migrate`: they move to a dedicated worker with
+        room, so their continuations keep no affinity to this one."""
         self.shed.update(keys)
+        if migrate:
+            self.migrating.update(keys)
         logger.info("worker %s sheds %d rollout tasks (%d of them running here)", self.address, len(keys),
                     sum(k in self.rollouts for k in keys))
 
     def should_shed(self, key: str | None) -> bool:
         return key is not None and key in self.shed
+
+    def affinity(self, key: str | None) -> str | None:
+        """The worker a shed task's continuation should prefer: this one (its prefixes are cached here),
+        unless the task was shed to move elsewhere."""
+        return None if key is not None and key in self.migrating else self.address
 
     def rollout_started(self, key: str | None, width: int) -> None:
         if key is not None:
@@ -161,6 +170,7 @@ class RoseWorker(WorkerPlugin):
         if key is not None:
             self.rollouts.pop(key, None)
             self.shed.discard(key)
+            self.migrating.discard(key)
 
     # ---------------------------------------------------------------- built once per run
     def prepare(self, spec: ModelSpec) -> WorkerReport:
