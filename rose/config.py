@@ -216,6 +216,9 @@ class ClusterConfig:
     dedicated_slots: int | None = None
     elastic: ElasticConfig = ElasticConfig()  # policy "elastic": on-demand dedicated workers
     shed_after_s: float = 0.5  # a worker over its slots this long is asked to shed rollouts (s)
+    # Policy rose: once nothing waits and a dedicated worker has room, move the oldest rollouts off serving
+    # workers (the plugin's --rose-migrate). Off: on two cores it made no difference we could measure.
+    migrate: bool = False
     # With no rollout worker left, a run waits this long for one (a nanny's restart, a new worker, the
     # elastic scaler) before it fails (s).
     worker_wait_s: float = 180.0

@@ -154,7 +154,8 @@ class LocalRoseCluster(SpecCluster):
             "host": "127.0.0.1",
             # the placement plugin, as `dask scheduler --preload rose.plugin --rose-policy ...` installs it
             "preload": ["rose.plugin"], "preload_argv": ["--rose-policy", config.policy,
-                                                            "--rose-shed-after", str(config.shed_after_s)],
+                                                            "--rose-shed-after", str(config.shed_after_s),
+                                                            *(["--rose-migrate"] if config.migrate else [])],
             **comm,
         }}
         self._elastic_n = 0

@@ -26,7 +26,7 @@ from rose.sim.serving import RequestShape
 
 # elastic_e2e's default pipeline (guess: 16 groups of 8, up to 5 turns of a few tokens) and setups, with the
 # runtime the runs were made with (263a1e2): one rollout step beside each serving step (coserve_steps=1), and
-# no tail migration (the runtime's plugin does not call plan_migrate).
+# no tail migration (the plugin can since 41d1cb0, when asked: ClusterConfig.migrate).
 GUESS = SimConfig(name="elastic_e2e", platform="cpu", job_gpus=1, serving_gpus=1, steps=12, prompts=16,
                   group_size=8, turns_min=1, turns_max=5, tokens_per_turn=3.0, length_sigma=0.0, max_tokens=20,
                   prompt_tokens=10, env_latency_s=0.0, trace="azure", serving_rps=33.0, serving_token_scale=0.03,

@@ -73,7 +73,9 @@ class SimConfig:
     # --- ROSE's extensions (switches)
     staleness: int = 1  # asynchronous policies: rollouts may run this many versions behind
     affinity: bool = True  # a shed group resumes on its last worker when it can (prefix cached)
-    migrate_tail: bool = True  # once nothing waits, the oldest groups on serving GPUs move to idle dedicated ones
+    # once nothing waits, the oldest groups on serving GPUs move to idle dedicated ones (the runtime's
+    # ClusterConfig.migrate, off by default there too)
+    migrate_tail: bool = False
     sparse_sync: bool = True  # send deltas of changed shards (else dense)
     relays: bool = True  # each shard crosses a slow link once, then fans out (else every receiver from source)
     changed_fraction: float = 0.03  # bytes of a sparse update relative to dense

@@ -14,8 +14,8 @@ D, S, T = "tcp://d", "tcp://s", "tcp://t"  # a dedicated worker, a serving worke
 RUNNING = {D, S, T}
 
 
-def make_book(*reports: WorkerReport, policy="rose", shed_after_s=0.5) -> PlacementBook:
-    book = PlacementBook(policy, shed_after_s, now=0.0)
+def make_book(*reports: WorkerReport, policy="rose", shed_after_s=0.5, migrate=False) -> PlacementBook:
+    book = PlacementBook(policy, shed_after_s, now=0.0, migrate=migrate)
     for r in reports:
         book.on_report(r.worker, r, 0.0, RUNNING, f"join-{r.worker}")
     return book
@@ -222,7 +222,7 @@ def test_dispatch_fits_free_slots_and_only_running_rollout_workers(ws, ts, polic
 
 
 def test_the_tail_moves_off_a_serving_worker_once_a_dedicated_worker_has_room():
-    book = make_book(dedicated(slots=16), serving(slots=32))
+    book = make_book(dedicated(slots=16), serving(slots=32), migrate=True)
     run_task(book, "a", D, 16, now=1.0)
     run_task(book, "old", S, 8, now=2.0)
     run_task(book, "new", S, 8, now=3.0)
@@ -239,7 +239,7 @@ def test_the_tail_moves_off_a_serving_worker_once_a_dedicated_worker_has_room():
 
 
 def test_a_move_holds_its_room_so_one_free_slot_draws_one_task():
-    book = make_book(dedicated(slots=8), serving(slots=32))
+    book = make_book(dedicated(slots=8), serving(slots=32), migrate=True)
     run_task(book, "b", S, 8, now=1.0)
     run_task(book, "c", S, 8, now=2.0)
     assert book.tick(3.0, RUNNING, "t1") == [Shed(S, ("b",), "migrate")]
@@ -249,7 +249,8 @@ def test_a_move_holds_its_room_so_one_free_slot_draws_one_task():
 
 
 def test_nothing_moves_with_migration_off_or_under_the_fixed_policy():
-    for book in (PlacementBook("rose", 0.5, now=0.0, migrate=False), PlacementBook("fixed", 0.5, now=0.0)):
+    assert not PlacementBook().migrate  # off unless asked for
+    for book in (PlacementBook("rose", 0.5, now=0.0), PlacementBook("fixed", 0.5, now=0.0, migrate=True)):
         for r in (dedicated(slots=16), serving(slots=16)):
             book.on_report(r.worker, r, 0.0, RUNNING, "join")
         if book.policy == "fixed":

@@ -30,7 +30,7 @@ class PlacementBook:
     minutes of 8 workers at 4 ticks a second); `events_len`: event log lines kept."""
 
     def __init__(self, policy: str = "rose", shed_after_s: float = 0.5, now: float = 0.0,
-                 history_len: int = 19200, events_len: int = 1000, migrate: bool = True):
+                 history_len: int = 19200, events_len: int = 1000, migrate: bool = False):
         if policy not in POLICIES:
             raise ValueError(f"unknown ROSE placement policy {policy!r}; choose one of {list(POLICIES)}")
         self.policy = policy
@@ -49,7 +49,8 @@ class PlacementBook:
         self.training: set[str] = set()  # keys of train tasks running now (colocated workers yield)
         self.last_busy = now  # last time a rollout waited or ran (for the elastic scaler) (s)
         self.waiting_warning: str | None = None  # why parked tasks wait with no worker to take them
-        # rose: move the tail off serving workers once dedicated ones have room (`plan_migrate`)
+        # rose: move the tail off serving workers once dedicated ones have room (`plan_migrate`). Off by
+        # default: on this 2-core host it made no difference we could measure (RESULTS, elastic_e2e)
         self.migrate = migrate and policy == "rose"
         # key of a task asked to migrate -> (dedicated worker it is meant for, its width): room held there
         # until its continuation is parked, so that one free slot does not draw several tasks
@@ -260,6 +261,7 @@ class PlacementBook:
             workers[addr] = {"role": r.role, "site": r.site, "slots": r.slots, "used": w.used if w else 0,
                              "inflight": len(self.inflight.get(addr, {})), "weight_version": r.weight_version,
                              "model": r.model, "shed": self.counts[f"shed@{addr}"],
+                             "migrated": self.counts[f"migrated@{addr}"],
                              "dispatched": self.counts[f"dispatched@{addr}"], "slo_met": r.slo_met,
                              "slo_requests": r.slo_requests, "elastic": bool(r.elastic),
                              "colocated": bool(r.colocated)}

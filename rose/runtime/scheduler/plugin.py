@@ -59,7 +59,7 @@ class RoseScheduler(SchedulerPlugin):
     idempotent = True
 
     def __init__(self, policy: str = "rose", shed_after_s: float = 0.5, history_s: float = 600.0,
-                 migrate: bool = True):
+                 migrate: bool = False):
         # history: about 8 rollout workers' samples a tick, for history_s seconds
         self.book = PlacementBook(policy, shed_after_s, time.monotonic(), history_len=int(history_s / TICK_S) * 8,
                                   migrate=migrate)

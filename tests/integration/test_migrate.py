@@ -1,0 +1,51 @@
+"""The tail moves off a serving worker (`ClusterConfig(migrate=True)`, the plugin's --rose-migrate): a
+real cluster with one dedicated worker (8 slots) and one serving worker, real vLLM engines, rollouts
+whose environment steps take 0.3 s. The dedicated worker fills first and the rest goes to the serving
+worker; once the dedicated worker has room and nothing waits, the placement plugin moves the oldest
+groups there, and they finish with nothing lost."""
+from __future__ import annotations
+
+import pytest
+
+import rose
+from rose.config import ClusterConfig, EngineConfig
+from tests.integration.helpers import small_pipeline
+
+pytestmark = pytest.mark.integration
+
+SLOW = "tests.helpers.envs:SlowEnv"
+
+
+@pytest.fixture(scope="module")
+def mixed_cluster():
+    from distributed import Client
+
+    from rose.envs import env_class
+    from rose.models import prepare_model
+    from rose.runtime.cluster import LocalRoseCluster
+
+    model_dir = prepare_model(rose.ModelConfig(), env_class("guess"), progress=False)
+    cfg = ClusterConfig(num_dedicated=1, num_serving=1, cores=(0, 1), serving_model=model_dir,
+                        serving_tpot_ms=200.0, dedicated_slots=8, migrate=True)
+    with LocalRoseCluster(cfg, EngineConfig(dtype="float32")) as c, Client(c) as client:
+        yield client
+
+
+def test_groups_on_a_serving_worker_move_to_a_dedicated_worker_with_room(mixed_cluster):
+    client = mixed_cluster
+    report = rose.run(small_pipeline(SLOW, model_env="guess", groups=6, group_size=4, steps=2), cluster=client,
+                      progress=False)
+    state = client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.plugins["rose"].state())
+    roles = {a: w["role"] for a, w in state["workers"].items()}
+    (d,) = [a for a, r in roles.items() if r == "dedicated"]
+    (s,) = [a for a, r in roles.items() if r == "serving"]
+    assert state["workers"][s]["migrated"] >= 1, state["events"]
+    assert state["workers"][d]["migrated"] == 0  # only serving workers give their tail away
+    t = report.trajectories
+    ids = t["trajectory_id"].to_pylist()
+    assert len(ids) == len(set(ids)) == 2 * 6 * 4 and report.lost == 0 and report.duplicated == 0
+    # A moved trajectory began on the serving worker and ended on the dedicated one, and did not go back.
+    moved = [tw for tw in t["turn_workers"].to_pylist() if s in tw and d in tw]
+    assert moved, t["turn_workers"].to_pylist()
+    assert all(tw.index(d) > max(i for i, w in enumerate(tw) if w == s) for tw in moved)
+    assert state["errors"] == 0, state["last_error"]
