@@ -1,8 +1,8 @@
 """The tail moves off a serving worker (`ClusterConfig(migrate=True)`, the plugin's --rose-migrate): a
 real cluster with one dedicated worker (8 slots) and one serving worker, real vLLM engines, rollouts
-whose environment steps take 0.3 s. The dedicated worker fills first and the rest goes to the serving
-worker; once the dedicated worker has room and nothing waits, the placement plugin moves the oldest
-groups there, and they finish with nothing lost."""
+whose environment steps take 0.3 s. The dedicated worker is drained first, so the step's groups all
+go to the serving worker; when it gets its slots back and nothing waits, the placement plugin moves
+the oldest groups there, and they finish with nothing lost."""
 from __future__ import annotations
 
 import pytest
@@ -10,6 +10,7 @@ import pytest
 import rose
 from rose.config import ClusterConfig, EngineConfig
 from tests.integration.helpers import small_pipeline
+from tests.integration.test_placement import plugin_state, run_in_background, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -33,17 +34,22 @@ def mixed_cluster():
 
 def test_groups_on_a_serving_worker_move_to_a_dedicated_worker_with_room(mixed_cluster):
     client = mixed_cluster
-    report = rose.run(small_pipeline(SLOW, model_env="guess", groups=6, group_size=4, steps=2), cluster=client,
-                      progress=False)
-    state = client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.plugins["rose"].state())
-    roles = {a: w["role"] for a, w in state["workers"].items()}
+    roles = {a: w["role"] for a, w in plugin_state(client)["workers"].items()}
     (d,) = [a for a, r in roles.items() if r == "dedicated"]
     (s,) = [a for a, r in roles.items() if r == "serving"]
-    assert state["workers"][s]["migrated"] >= 1, state["events"]
+    client.run(lambda dask_worker: dask_worker.plugins["rose"].set_slot_cap(0), workers=[d])
+    wait_for(lambda: plugin_state(client)["workers"][d]["slots"] == 0, what="the drain reaching the scheduler")
+    thread, box = run_in_background(client, small_pipeline(SLOW, model_env="guess", groups=4, group_size=4))
+    wait_for(lambda: plugin_state(client)["workers"][s]["inflight"] == 4, what="every group on the serving worker")
+    client.run(lambda dask_worker: dask_worker.plugins["rose"].set_slot_cap(None), workers=[d])
+    thread.join(300)
+    assert "error" not in box, box.get("error")
+    report, state = box["report"], plugin_state(client)
+    assert state["workers"][s]["migrated"] >= 1, [e for e in state["events"] if e[1] != "training"]
     assert state["workers"][d]["migrated"] == 0  # only serving workers give their tail away
     t = report.trajectories
     ids = t["trajectory_id"].to_pylist()
-    assert len(ids) == len(set(ids)) == 2 * 6 * 4 and report.lost == 0 and report.duplicated == 0
+    assert len(ids) == len(set(ids)) == 16 and report.lost == 0 and report.duplicated == 0
     # A moved trajectory began on the serving worker and ended on the dedicated one, and did not go back.
     moved = [tw for tw in t["turn_workers"].to_pylist() if s in tw and d in tw]
     assert moved, t["turn_workers"].to_pylist()
