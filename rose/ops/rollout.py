@@ -280,9 +280,9 @@ async def resume_rollout(cont: Continuation, key: str) -> pa.RecordBatch | Conti
 async def finish_rollout(result, key: str, annotations: dict) -> pa.RecordBatch:
     """Task (cheap; it runs where the rollout's result is): the group's trajectories. A Continuation is
     resubmitted as a new rollout task (same annotations, so the placement plugin parks and places it;
-    affinity to the worker that shed it, unless it was shed to move) until the group is done. Keys are deterministic, so a retried
-    finish reuses the resume task. A coroutine: the common case (no shedding) returns on the worker's
-    event loop without a thread handoff."""
+    affinity to the worker that shed it, unless it was shed to move) until the group is done. Keys are
+    deterministic, so a retried finish reuses the resume task. A coroutine: the common case (no
+    shedding) returns on the worker's event loop without a thread handoff."""
     if not isinstance(result, Continuation):
         return result
     import dask

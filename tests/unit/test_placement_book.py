@@ -259,3 +259,14 @@ def test_nothing_moves_with_migration_off_or_under_the_fixed_policy():
         else:
             run_task(book, "b", S, 8, now=1.0)
         assert book.tick(2.0, RUNNING, "t") == []
+
+
+def test_a_moved_continuation_frees_the_room_held_for_its_group():
+    book = make_book(dedicated(slots=8), serving(slots=32), migrate=True)
+    run_task(book, "g", D, 8, now=1.0)
+    run_task(book, "h-resume1", S, 8, now=2.0)  # a continuation of group h, running on the serving worker
+    book.on_finished("g", "memory", "g-done")
+    assert book.tick(3.0, RUNNING, "t1") == [Shed(S, ("h-resume1",), "migrate")]
+    book.on_finished("h-resume1", "memory", "h-shed")
+    book.on_parked([RolloutTask("h-resume2", 8)], 4.0, "h-back")  # its next continuation: room no longer held
+    assert book.migrating == {}
