@@ -34,7 +34,7 @@ from rose.envs.deadline import DeadlineExceeded, call_with_deadline
 from rose.envs.tokens import encode
 from rose.ops.reward import as_reward
 from rose.runtime.engine.base import SamplingSpec
-from rose.runtime.protocol import Annotation
+from rose.runtime.protocol import Annotation, resume_key
 from rose.runtime.trajectory import Trajectory, to_batch, trajectory_id
 
 
@@ -290,7 +290,7 @@ async def finish_rollout(result, key: str, annotations: dict) -> pa.RecordBatch:
 
     client = get_client()
     while isinstance(result, Continuation):
-        k = f"{key}-resume{result.attempt}"
+        k = resume_key(key, result.attempt)
         with dask.annotate(**{**annotations, Annotation.WIDTH: max(1, result.width),
                               **({Annotation.AFFINITY: result.worker} if result.worker else {})}):
             fut = client.submit(resume_rollout, result, k, key=k, pure=False, retries=2)

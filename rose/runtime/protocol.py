@@ -38,6 +38,16 @@ def is_rollout_task(key, annotations: dict) -> bool:
     return annotations.get(Annotation.ROLE) == "rollout" or (isinstance(key, str) and key.startswith(ROLLOUT_KEY_PREFIX))
 
 
+def resume_key(key: str, attempt: int) -> str:
+    """The key of a rollout group's `attempt`-th continuation (`key`: the group's first task)."""
+    return f"{key}-resume{attempt}"
+
+
+def group_of(key: str) -> str:
+    """The key of the first task of the rollout group a task (or continuation, `resume_key`) runs."""
+    return key.rsplit("-resume", 1)[0]
+
+
 def rollout_addresses(by_role: dict[str, list[str]]) -> list[str]:
     """The rollout workers among workers grouped by role."""
     return sorted(a for r in ROLLOUT_ROLES for a in by_role.get(r, []))

@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rose.runtime.placement import Assignment, RolloutTask
-from rose.runtime.protocol import WorkerReport
+from rose.runtime.protocol import WorkerReport, group_of, resume_key
 from rose.runtime.scheduler import book as book_module
 from rose.runtime.scheduler.book import Dispatch, PlacementBook, Shed
 
@@ -270,3 +270,4 @@ def test_a_moved_continuation_frees_the_room_held_for_its_group():
     book.on_finished("h-resume1", "memory", "h-shed")
     book.on_parked([RolloutTask("h-resume2", 8)], 4.0, "h-back")  # its next continuation: room no longer held
     assert book.migrating == {}
+    assert resume_key("h", 2) == "h-resume2" and group_of("h-resume2") == group_of("h") == "h"

@@ -16,17 +16,12 @@ from collections.abc import Container
 from rose.config import POLICIES
 from rose.runtime.placement import Assignment, InFlight, RolloutTask, WorkerSlot, place, plan_shed
 from rose.runtime.placement.policy import Running, plan_migrate
-from rose.runtime.protocol import ROLES, WorkerReport
+from rose.runtime.protocol import ROLES, WorkerReport, group_of
 from rose.runtime.scheduler.records import Dispatch, Instruction, LogEntry, Sample, Shed
 
 __all__ = ["Dispatch", "Instruction", "LogEntry", "PlacementBook", "Sample", "Shed"]
 
 logger = logging.getLogger("rose.scheduler")
-
-
-def _group(key: str) -> str:
-    """The rollout group a task runs: a continuation's key is its group's first key + "-resume<n>"."""
-    return key.rsplit("-resume", 1)[0]
 
 
 class PlacementBook:
@@ -57,7 +52,7 @@ class PlacementBook:
         # rose: move the tail off serving workers once dedicated ones have room (`plan_migrate`). Off by
         # default: on this 2-core host it made no difference we could measure (RESULTS, elastic_e2e)
         self.migrate = migrate and policy == "rose"
-        # group of a task asked to migrate (its first task's key, `_group`) -> (dedicated worker it is meant
+        # group of a task asked to migrate (its first task's key, `group_of`) -> (dedicated worker it is meant
         # for, its width): room held there until its continuation is parked, so that one free slot does not
         # draw several tasks
         self.migrating: dict[str, tuple[str, int]] = {}
@@ -114,7 +109,7 @@ class PlacementBook:
         """Rollout tasks now wait for `dispatch` (new, retried, or back from a worker that left)."""
         for t in tasks:
             self.tasks[t.key] = t
-            self.migrating.pop(_group(t.key), None)  # a moved group's continuation is here: room freed
+            self.migrating.pop(group_of(t.key), None)  # a moved group's continuation is here: room freed
         if not tasks:
             return []
         self.last_busy = now
@@ -133,7 +128,7 @@ class PlacementBook:
                 self.counts[f"shed-returned@{addr}"] += 1
             self.counts[f"{finish_state}@{addr}"] += 1
         if finish_state != "memory":
-            self.migrating.pop(_group(key), None)  # no continuation will come
+            self.migrating.pop(group_of(key), None)  # no continuation will come
         return [Dispatch(stimulus_id)]
 
     def on_forgotten(self, key: str) -> None:
@@ -226,7 +221,7 @@ class PlacementBook:
             src = self.where[a.key]
             by_src[src].append(a.key)
             self.shedding[src].add(a.key)
-            self.migrating[_group(a.key)] = (a.worker, self.tasks[a.key].width)
+            self.migrating[group_of(a.key)] = (a.worker, self.tasks[a.key].width)
         out = []
         for src, keys in by_src.items():
             self.counts[f"migrated@{src}"] += len(keys)

@@ -201,7 +201,9 @@ class RoseScheduler(SchedulerPlugin):
     @_guarded
     def _tick(self) -> None:
         now = time.monotonic()
-        self._apply(self.book.tick(now, self.running(), f"rose-tick-{now}", waiting=len(self.parked())))
+        # what waits matters only to tail migration: counted (not sorted) only when the book migrates
+        waiting = sum(ts.key in self.book.tasks for ts in self.scheduler.unrunnable) if self.book.migrate else 0
+        self._apply(self.book.tick(now, self.running(), f"rose-tick-{now}", waiting=waiting))
 
     # ---------------------------------------------------------------- introspection
     def state(self) -> dict:
