@@ -7,9 +7,14 @@ n = 1, 8, 32, 64, 128 (least squares). Prefill: n prompts of 40 tokens generatin
 decode step, per prompt token. The trainer, sync and per-step figures come from a measured
 `benchmarks/elastic_e2e.py` run (its per-run JSON rows: fixed sync for the trainer, sync and per-step
 figures; ideal async's train time over fixed sync's for the contention between the two cores), passed
-as --e2e LOG: this script writes them
-beside the engine's into benchmarks/sim/cpu_profile.json.
+as --e2e LOG: this script writes them beside the engine's into benchmarks/sim/cpu_profile.json.
 
+On this host the engine's step time drifts by a third within an hour, so a profile and the runs it is
+checked against must be measured together: `--run` does it in one go, the engine's steps before and
+after (their mean is kept), and between them `elastic_e2e.py --steps 12 --elastic-steps 40` (its rows
+into benchmarks/sim/e2e_runs.jsonl) and `coserve_slo.py --quick` (the co-served harvest, into the profile).
+
+    python benchmarks/sim/measure_cpu.py --run [--core 1]          (about 20 minutes)
     python benchmarks/sim/measure_cpu.py --e2e /path/to/elastic_e2e.log [--core 1]
 """
 from __future__ import annotations
@@ -18,6 +23,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 
@@ -64,8 +70,33 @@ def engine_steps(core: int, seed: int = 0) -> dict:
     n = 32
     prefill_ms = (run(n, 1, prompt_len=40) * 1e3 - (a + b * n)) / (n * 40)
     print(f"fit: {a:.2f} + {b:.4f} n ms; prefill {prefill_ms * 1e3:.1f} us a token", flush=True)
-    return {"decode_a_ms": round(a, 3), "decode_b_ms": round(b, 5),
-            "prefill_ms_per_token": round(max(prefill_ms, 0), 5), "points": points}
+    return {"decode_a_ms": a, "decode_b_ms": b, "prefill_ms_per_token": max(prefill_ms, 0), "points": points}
+
+
+def engine_steps_apart(core: int) -> dict:
+    """`engine_steps` in a process of its own (an engine's threads and memory go with it)."""
+    code = f"import json, sys; sys.path.insert(0, {ROOT!r}); from benchmarks.sim.measure_cpu import engine_steps; " \
+           f"print('ENGINE ' + json.dumps(engine_steps({core})))"
+    out = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, check=True).stdout
+    for line in out.splitlines():
+        if line.startswith("ENGINE "):
+            return json.loads(line[7:])
+        print(line, flush=True)
+    raise SystemExit("the engine measurement printed no result")
+
+
+def run_bench(args: list[str], rows_out: str | None = None) -> list[dict]:
+    """Run a benchmark (its table to our stdout); returns the JSON lines it printed (stdout and stderr)."""
+    print(f"running {' '.join(args)} ...", flush=True)
+    p = subprocess.run([sys.executable, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    print(p.stdout[-3000:], flush=True)
+    if p.returncode:
+        raise SystemExit(f"{args[0]} failed ({p.returncode}):\n{p.stderr[-3000:]}")
+    rows = [json.loads(x) for x in (p.stdout + "\n" + p.stderr).splitlines() if x.startswith("{")]
+    if rows_out is not None:
+        with open(rows_out, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows if "policy" in r)
+    return rows
 
 
 def e2e_rows(path: str) -> list[dict]:
@@ -81,15 +112,30 @@ def e2e_rows(path: str) -> list[dict]:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--e2e", required=True, help="a benchmarks/elastic_e2e.py log (its per-run JSON rows)")
+    how = ap.add_mutually_exclusive_group(required=True)
+    how.add_argument("--e2e", help="a benchmarks/elastic_e2e.py log (its per-run JSON rows)")
+    how.add_argument("--run", action="store_true", help="measure the engine, the runs and the harvest together")
     ap.add_argument("--core", type=int, default=1)
     ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "sim", "cpu_profile.json"))
+    ap.add_argument("--runs-out", default=os.path.join(ROOT, "benchmarks", "sim", "e2e_runs.jsonl"))
     args = ap.parse_args()
-    rows = e2e_rows(args.e2e)
+    harvest = None
+    if args.run:
+        t0 = time.strftime("%Y-%m-%d %H:%M")
+        engines = [engine_steps_apart(args.core)]
+        run_bench(["benchmarks/elastic_e2e.py", "--steps", "12", "--elastic-steps", "40"], args.runs_out)
+        harvest = next(r for r in run_bench(["benchmarks/coserve_slo.py", "--quick"]) if r.get("bench"))
+        engines.append(engine_steps_apart(args.core))
+        eng = {k: statistics.fmean(e[k] for e in engines) for k in ("decode_a_ms", "decode_b_ms", "prefill_ms_per_token")}
+        eng["points"] = [e["points"] for e in engines]
+        rows, source = e2e_rows(args.runs_out), f"{os.path.basename(args.runs_out)} (measured with it, {t0} UTC on)"
+    else:
+        rows, source = e2e_rows(args.e2e), os.path.basename(args.e2e)
     fixed = [r for r in rows if r["policy"] == "fixed" and r["staleness"] == 0]
     if not fixed:
         raise SystemExit(f"{args.e2e}: no fixed synchronous run to take the trainer's figures from")
-    eng = engine_steps(args.core)
+    if not args.run:
+        eng = engine_steps(args.core)
     trajectories = 128  # the default pipeline's step: 16 groups of 8
     train = statistics.fmean(r["train_s"] for r in fixed)
     sync = statistics.fmean(r["sync_s"] for r in fixed)
@@ -97,14 +143,17 @@ def main():
     # The trainer beside rollouts on the other core: ideal's asynchronous runs (core 1 a dedicated worker)
     busy = [r for r in rows if r["policy"] == "ideal" and r["staleness"] == 1]
     contention = statistics.fmean(r["train_s"] for r in busy) / train - 1 if busy else 0.0
-    prof = {"decode_a_ms": eng["decode_a_ms"], "decode_b_ms": eng["decode_b_ms"],
-            "prefill_ms_per_token": eng["prefill_ms_per_token"], "train_s_per_traj": round(train / trajectories, 6),
+    prof = {"decode_a_ms": round(eng["decode_a_ms"], 3), "decode_b_ms": round(eng["decode_b_ms"], 5),
+            "prefill_ms_per_token": round(eng["prefill_ms_per_token"], 5), "train_s_per_traj": round(train / trajectories, 6),
             "train_base_s": round(max(0.0, overhead), 4), "sync_s": round(sync, 4), "cold_start_s": 8.5,
             "weight_bytes": 1.0e6, "contention": round(max(0.0, contention), 4),
+            **({"coserve_harvest": harvest["harvest_ratio"], "coserve_rate": harvest["rate_req_s"]} if harvest else {}),
             "source": f"benchmarks/sim/measure_cpu.py {time.strftime('%Y-%m-%d %H:%M')} UTC: decode points "
                       f"{eng['points']}; trainer, sync and per-step overhead from the fixed sync runs of "
-                      f"{os.path.basename(args.e2e)} (train {train:.3f} s, sync {sync:.3f} s, other {overhead:.3f} s "
-                      f"a step), contention from its ideal asynchronous runs' train time; cold start: a "
+                      f"{source} (train {train:.3f} s, sync {sync:.3f} s, other {overhead:.3f} s "
+                      f"a step), contention from its ideal asynchronous runs' train time; "
+                      + (f"co-served harvest from coserve_slo.py --quick {json.dumps(harvest)}; " if harvest else "")
+                      + "cold start: a "
                       f"worker's preparation in `make run` (8.5 s)"}
     with open(args.out, "w") as f:
         json.dump(prof, f, indent=1)

@@ -21,6 +21,7 @@ import numpy as np
 
 from rose.sim.cluster import Simulation
 from rose.sim.config import SimConfig
+from rose.sim.costs import load_cpu_profile
 from rose.sim.platform import build
 from rose.sim.serving import RequestShape
 
@@ -71,32 +72,38 @@ def fit_turn_overhead(base: SimConfig, measured_rollout_s: float) -> float:
     return (lo + hi) / 2
 
 
-# benchmarks/coserve_slo.py at 87a0f42 (RESULTS.md): at 70 req/s of the Azure trace (prompts x0.03 up to 48
-# tokens, outputs x0.1 up to 32) and SLO 300 / 30 ms, a serving worker's co-served rollout throughput was
-# 0.312 of a dedicated worker's, both held to 64 sequences.
+# benchmarks/coserve_slo.py --quick: the Azure trace (prompts x0.03 up to 48 tokens, outputs x0.1 up to 32),
+# SLO 300 / 30 ms, both workers held to 64 sequences. Its harvest comes with the profile where
+# measure_cpu.py --run measured it; else the 87a0f42 run (RESULTS.md: 0.312 at 70 req/s).
 COSERVE_HARVEST, COSERVE_RATE, COSERVE_SEQS = 0.312, 70.0, 64
 
 
-def harvest(base: SimConfig, overhead_ms: float) -> float:
-    """The simulated co-served over dedicated rollout throughput in coserve_slo's setup."""
-    cfg = replace(base, coserve_overhead_ms=overhead_ms, serving_rps=COSERVE_RATE)
+def measured_harvest() -> tuple[float, float]:
+    """(harvest, req/s) that the co-serving overhead is fitted on."""
+    prof = load_cpu_profile()
+    return (prof.coserve_harvest, prof.coserve_rate) if prof.coserve_harvest > 0 else (COSERVE_HARVEST, COSERVE_RATE)
+
+
+def harvest(base: SimConfig, overhead_ms: float, rate: float = COSERVE_RATE) -> float:
+    """The simulated co-served over dedicated rollout throughput in coserve_slo's setup at `rate` req/s."""
+    cfg = replace(base, coserve_overhead_ms=overhead_ms, serving_rps=rate)
     fleet = build(cfg, np.random.default_rng([cfg.seed, 0])).fleet
     full = fleet.shape
     fleet.shape = RequestShape(min(48.0, full.prompt_mean / base.serving_token_scale * 0.03),
                                48.0, min(32.0, full.gen_mean / base.serving_token_scale * 0.1))
     n = np.array([float(COSERVE_SEQS)])
     for _ in range(10):
-        b, _, s_ms = fleet.load(np.array([COSERVE_RATE]), n)
+        b, _, s_ms = fleet.load(np.array([rate]), n)
         n = np.array([float(min(COSERVE_SEQS, fleet.offer(int(round(b[0])))))])
     co = n[0] / (s_ms[0] + fleet.rollout.decode_ms(n[0]))
     return float(co / (COSERVE_SEQS / fleet.rollout.decode_ms(COSERVE_SEQS)))
 
 
-def fit_coserve_overhead(base: SimConfig, target: float = COSERVE_HARVEST) -> float:
+def fit_coserve_overhead(base: SimConfig, target: float = COSERVE_HARVEST, rate: float = COSERVE_RATE) -> float:
     lo, hi = 0.0, 100.0
     for _ in range(30):
         mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if harvest(base, mid) > target else (lo, mid)
+        lo, hi = (mid, hi) if harvest(base, mid, rate) > target else (lo, mid)
     return (lo + hi) / 2
 
 
@@ -106,7 +113,8 @@ def calibrate(runs_path: str, base: SimConfig = GUESS) -> dict:
     if not fixed:
         raise ValueError(f"{runs_path}: no fixed synchronous run to fit the per-turn overhead on")
     overhead = fit_turn_overhead(base, statistics.fmean(r["rollout_s"] for r in fixed))
-    coserve = fit_coserve_overhead(base)
+    target, rate = measured_harvest()
+    coserve = fit_coserve_overhead(base, target, rate)
     base = replace(base, env_latency_s=overhead, coserve_overhead_ms=coserve)
     rows = []
     for key, setup in SETUPS.items():
@@ -128,6 +136,6 @@ def calibrate(runs_path: str, base: SimConfig = GUESS) -> dict:
                      "measured_train_s": round(statistics.fmean(r["train_s"] for r in runs[key]), 3),
                      "sim_train_s": round(float(statistics.fmean(with_c.train_s)), 3)})
     return {"turn_overhead_s": round(overhead, 5), "coserve_overhead_ms": round(coserve, 3),
-            "coserve_harvest": round(harvest(base, coserve), 3), "rows": rows,
+            "coserve_harvest": round(harvest(base, coserve, rate), 3), "measured_harvest": target, "rows": rows,
             "calibration_error": max(r["error"] for r in rows),
             "calibration_error_mean": round(statistics.fmean(r["error"] for r in rows), 3)}

@@ -161,6 +161,10 @@ class CpuProfile:
     # Train-step slow-down while the other core runs rollouts (shared caches and memory bandwidth):
     # mean train time with core 1 busy over mean train time with it idle, less one
     contention: float = 0.0
+    # benchmarks/coserve_slo.py --quick measured with the profile: co-served over dedicated rollout
+    # throughput at `coserve_rate` req/s (what the co-serving overhead is fitted on; 0: not measured)
+    coserve_harvest: float = 0.0
+    coserve_rate: float = 0.0  # req/s
     source: str = ""
 
     def linear(self, max_seqs: int) -> LinearCost:
