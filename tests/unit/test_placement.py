@@ -162,8 +162,8 @@ def test_plan_migrate_moves_the_oldest_serving_groups_to_the_freest_dedicated_wo
     running = [Running("new", "s1", 8, placed_at=5.0), Running("old", "s1", 8, placed_at=1.0),
                Running("mid", "s1", 8, placed_at=3.0), Running("on-ded", "d1", 8, placed_at=0.0)]
     out = plan_migrate(running, workers, waiting=0)
-    assert [(a.key, a.worker, a.reason) for a in out] == [("old", "d2", "migrate"), ("mid", "d2", "migrate"),
-                                                            ("new", "d1", "migrate")]
+    # "new" stays: d1 would run 16 sequences, more than the 8 left on s1 (a bigger batch steps it slower)
+    assert [(a.key, a.worker, a.reason) for a in out] == [("old", "d2", "migrate"), ("mid", "d2", "migrate")]
     assert plan_migrate(running, workers, waiting=1) == []  # waiting work comes first
     assert plan_migrate(running, [WorkerSlot("s1", "serving", 32, 24)], waiting=0) == []
 
@@ -173,15 +173,24 @@ def test_plan_migrate_moves_the_oldest_serving_groups_to_the_freest_dedicated_wo
        st.lists(st.integers(0, 64), min_size=1, max_size=5))
 def test_plan_migrate_never_overfills_a_dedicated_worker_nor_moves_a_dedicated_task(tasks, frees):
     from rose.runtime.placement.policy import Running, plan_migrate
-    workers = [WorkerSlot(f"d{i}", "dedicated", f, 0) for i, f in enumerate(frees)]
-    workers += [WorkerSlot(f"s{i}", "serving", 64, 0) for i in range(5)]
     running = [Running(f"t{i}", f"s{w}" if i % 3 else f"d{w % len(frees)}", width, at)
                for i, (w, width, at) in enumerate(tasks)]
+    used = {}
+    for r in running:
+        used[r.worker] = used.get(r.worker, 0) + r.width
+    workers = [WorkerSlot(f"d{i}", "dedicated", f + used.get(f"d{i}", 0), used.get(f"d{i}", 0))
+               for i, f in enumerate(frees)]
+    workers += [WorkerSlot(f"s{i}", "serving", 256, used.get(f"s{i}", 0)) for i in range(5)]
     out = plan_migrate(running, workers, waiting=0)
     width = {r.key: r.width for r in running}
     origin = {r.key: r.worker for r in running}
     for w in workers:
         if w.role == "dedicated":
             assert sum(width[a.key] for a in out if a.worker == w.address) <= w.free
+    for i, a in enumerate(out):  # each group lands in a batch no larger than the one it left
+        before = out[:i + 1]
+        dst = used.get(a.worker, 0) + sum(width[b.key] for b in before if b.worker == a.worker)
+        src = used[origin[a.key]] - sum(width[b.key] for b in out[:i] if origin[b.key] == origin[a.key])
+        assert dst <= src
     assert all(origin[a.key].startswith("s") and a.worker.startswith("d") for a in out)
     assert len({a.key for a in out}) == len(out)

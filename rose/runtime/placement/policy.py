@@ -189,16 +189,20 @@ def plan_migrate(running: Sequence[Running], workers: Iterable[WorkerSlot], wait
     if waiting:
         return []
     roles = {w.address: w.role for w in workers}
+    used = {w.address: w.used for w in workers}
     free = {w.address: w.free for w in workers if w.role == "dedicated" and w.free > 0}
     out = []
     for r in sorted((r for r in running if roles.get(r.worker) == "serving"), key=lambda r: (r.placed_at, r.key)):
         if not free:
             break
         dst = max(free, key=lambda a: (free[a], a))
-        if free[dst] < r.width:
+        # Only into a batch no larger than the one it leaves: a busier dedicated worker could step it slower
+        if free[dst] < r.width or used[dst] + r.width > used.get(r.worker, 0):
             continue
         out.append(Assignment(r.key, dst, "migrate"))
         free[dst] -= r.width
+        used[dst] += r.width
+        used[r.worker] -= r.width
         if free[dst] <= 0:
             del free[dst]
     return out

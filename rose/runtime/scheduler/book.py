@@ -206,13 +206,18 @@ class PlacementBook:
 
     # A serving worker's rollouts run in what its serving traffic leaves; a dedicated worker with room
     # runs them faster. plan_migrate picks the oldest groups on serving workers (the likeliest tail) that
-    # fit the dedicated workers' free slots, less the room already held for earlier moves.
+    # fit the dedicated workers' free slots, less the room already held for earlier moves (and a serving
+    # worker's batch, less the groups already asked to leave it).
     def _check_migrate(self, view: list[WorkerSlot], now: float, stimulus_id: str) -> list[Shed]:
         held = collections.Counter()
         for dst, width in self.migrating.values():
             held[dst] += width
-        slots = [WorkerSlot(w.address, w.role, w.slots, w.used + held[w.address], w.weight_version) for w in view]
         roles = {w.address: w.role for w in view}
+        for addr, keys in self.shedding.items():
+            if roles.get(addr) == "serving":
+                held[addr] -= sum(self.inflight[addr][k].width for k in keys if k in self.inflight[addr])
+        slots = [WorkerSlot(w.address, w.role, w.slots, max(0, w.used + held[w.address]), w.weight_version)
+                 for w in view]
         running = [Running(k, addr, t.width, t.placed_at) for addr, tasks in self.inflight.items()
                    if roles.get(addr) == "serving" for k, t in tasks.items() if k not in self.shedding[addr]]
         moves = plan_migrate(running, slots, 0)
