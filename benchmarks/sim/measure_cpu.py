@@ -11,8 +11,8 @@ as --e2e LOG: this script writes them beside the engine's into benchmarks/sim/cp
 
 On this host the engine's step time drifts by a third within an hour, so a profile and the runs it is
 checked against must be measured together: `--run` does it in one go, the engine's steps before and
-after (their mean is kept), and between them `elastic_e2e.py --steps 12 --elastic-steps 40` (its rows
-into benchmarks/sim/e2e_runs.jsonl) and `coserve_slo.py --quick` (the co-served harvest, into the profile).
+after (their mean is kept), and between them `coserve_slo.py --quick` (the co-served harvest, into the
+profile) and `elastic_e2e.py --steps 12 --elastic-steps 40` (its rows into benchmarks/sim/e2e_runs.jsonl).
 
     python benchmarks/sim/measure_cpu.py --run [--core 1]          (about 20 minutes)
     python benchmarks/sim/measure_cpu.py --e2e /path/to/elastic_e2e.log [--core 1]
@@ -123,8 +123,8 @@ def main():
     if args.run:
         t0 = time.strftime("%Y-%m-%d %H:%M")
         engines = [engine_steps_apart(args.core)]
-        run_bench(["benchmarks/elastic_e2e.py", "--steps", "12", "--elastic-steps", "40"], args.runs_out)
         harvest = next(r for r in run_bench(["benchmarks/coserve_slo.py", "--quick"]) if r.get("bench"))
+        run_bench(["benchmarks/elastic_e2e.py", "--steps", "12", "--elastic-steps", "40"], args.runs_out)
         engines.append(engine_steps_apart(args.core))
         eng = {k: statistics.fmean(e[k] for e in engines) for k in ("decode_a_ms", "decode_b_ms", "prefill_ms_per_token")}
         eng["points"] = [e["points"] for e in engines]

@@ -44,17 +44,20 @@ def p99(decodes):
 def fitted_controller(slo: SloConfig, serving: LinearCost, rollout: LinearCost, max_seqs: int,
                       rng: np.random.Generator, overhead_ms: float = 0.0, noise: float = 0.1,
                       observations: int = 400) -> SloController:
-    """The runtime's controller, its latency models and iteration overhead learnt from step times the
-    cost models give with lognormal noise (sigma `noise`), at the batch sizes a co-served device sees."""
+    """The runtime's controller, its latency models, iteration overhead and TPOT margin learnt from step
+    times the cost models give with lognormal noise (sigma `noise`), at the batch sizes a co-served
+    device sees."""
     ctl = SloController(slo, RolloutCaps(max_seqs=max_seqs, max_kv_tokens=1 << 40))
     for _ in range(observations):
         s_tok = int(rng.integers(1, 600))
         r_tok = int(rng.integers(1, max(2, max_seqs)))
+        predicted = ctl.serving_model.predict(s_tok) + ctl.rollout_model.predict(r_tok) + ctl.overhead_ms
         s_ms = serving.decode_ms(s_tok) * float(rng.lognormal(0, noise))
         r_ms = rollout.decode_ms(r_tok) * float(rng.lognormal(0, noise))
         ctl.serving_model.observe(s_tok, s_ms)
         ctl.rollout_model.observe(r_tok, r_ms)
-        ctl.observe_iteration(s_ms + r_ms + overhead_ms * float(rng.lognormal(0, noise)), s_ms, r_ms)
+        period = s_ms + r_ms + overhead_ms * float(rng.lognormal(0, noise))
+        ctl.observe_iteration(period, s_ms, r_ms, predicted)
     return ctl
 
 

@@ -189,7 +189,7 @@ def test_a_weight_load_applies_in_slices_between_serving_steps_and_rollouts_see_
         # serving stepped between the first and the last slice: the load never held it for all of its slices
         assert any(log[i][0] == "serving-step" for i in range(slices[0], slices[-1]))
         # each slice was given at most what the TPOT budget leaves
-        assert all(b <= slo.tpot_ms * (1 - slo.margin) for b in rollout.last_load.budgets)
+        assert all(b <= slo.tpot_ms * (1 - slo.margin_min) for b in rollout.last_load.budgets)
         after_load = [v for k, v in log[slices[0]:] if k == "rollout-step"]
         assert after_load and set(after_load) == {7}
         assert [e[1:] for e in ex.events if e[1] == "load"] == [("load", 7, "begin"), ("load", 7, "done")]
@@ -297,5 +297,16 @@ def test_the_executor_runs_the_planned_rollout_steps_back_to_back_and_a_serving_
         ex._serves_sent -= 1
         served = ex.serve([4, 5], SamplingSpec(max_tokens=4))
         assert served.collect(timeout=10)[1] == "length"
+    finally:
+        ex.close()
+
+
+def test_the_executor_checks_each_serving_period_against_its_plan():
+    ex = CoServingExecutor(FakeEngine(), FakeEngine(), SloController(SloConfig(ttft_ms=1000, tpot_ms=50)))
+    try:
+        ex.generate([1], SamplingSpec(max_tokens=50))
+        ex.serve([1, 2], SamplingSpec(max_tokens=200)).collect(timeout=10)
+        # the periods between serving steps fed the margin (a window of them at a time)
+        assert ex.controller.margin_learner.windows > 50
     finally:
         ex.close()

@@ -49,7 +49,7 @@ def test_rollout_never_runs_over_the_budget_and_caps_hold(s):
     plan = ctl.plan(serving, rollout)
     if plan.rollout_step and (serving.decoding or serving.waiting_prompt_tokens):  # a TPOT to keep
         assert plan.rollout_ms <= plan.budget_ms  # predicted: within TPOT minus margin minus serving
-        assert plan.budget_ms <= ctl.slo.tpot_ms * (1 - ctl.slo.margin)
+        assert plan.budget_ms <= ctl.slo.tpot_ms * (1 - ctl.margin)
         # every step of the iteration, together, within the budget too
         more = (plan.rollout_steps - 1) * ctl.rollout_model.predict(len(rollout.running) - len(plan.rollout_preempt)
                                                                      + len(plan.rollout_admit))
@@ -233,9 +233,12 @@ def test_a_loose_tpot_budget_holds_several_rollout_steps_a_strict_one_alternates
     loose = SloController(SloConfig(ttft_ms=1000, tpot_ms=150), serving_model=_model(8, 0.05),
                           rollout_model=_model(9, 0.1))
     plan = loose.plan(serving, RolloutView(running))
-    # budget 150 * 0.85 - serving 8.4 = 119 ms; a step of 16 sequences 10.6 ms: 11 fit, capped at 8
-    assert plan.rollout_step and plan.rollout_steps == 8
-    assert loose.steps_beside(8, 16) == 8
+    # budget 150 * 0.85 - serving 8.4 = 119 ms; a step of 16 sequences 10.6 ms: 11 fit (within the cap, 16)
+    assert plan.rollout_step and plan.rollout_steps == 11
+    assert loose.steps_beside(8, 16) == 11
+    capped = SloController(SloConfig(ttft_ms=1000, tpot_ms=150, max_rollout_steps=8), serving_model=_model(8, 0.05),
+                           rollout_model=_model(9, 0.1))
+    assert capped.plan(serving, RolloutView(running)).rollout_steps == capped.steps_beside(8, 16) == 8
     strict = SloController(SloConfig(ttft_ms=1000, tpot_ms=150, max_rollout_steps=1), serving_model=_model(8, 0.05),
                            rollout_model=_model(9, 0.1))
     assert strict.plan(serving, RolloutView(running)).rollout_steps == 1

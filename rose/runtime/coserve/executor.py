@@ -56,7 +56,7 @@ class CoServingExecutor(CommandThread):
         self.events: deque = deque(maxlen=2000)
         self._asleep = False  # the rollout engine gave its device memory back (GPU co-serving)
         self._waited = 0  # iterations in a row with rollout sequences running but not stepped
-        self._last_serving_step: tuple[float, float, float] | None = None  # (start, serving ms, rollout ms)
+        self._last_serving_step = None  # the last iteration with a serving step: (start, its ms, rollout ms, predicted)
         self.stats = dict.fromkeys(("iterations", "preemptions", "rollout_tokens", "serving_tokens", "rollout_steps",
                                     "load_slices"), 0)  # counters, written by the loop thread
         self.last_plan = None
@@ -207,29 +207,31 @@ class CoServingExecutor(CommandThread):
             self._waiting = [r for r in self._waiting if r.request_id not in admit]
         self.stats["iterations"] += 1
         serving_ms = rollout_ms = 0.0
+        predicted = plan.serving_ms + self.controller.overhead_ms  # this iteration's period, as planned (ms)
         t_start = time.perf_counter()
         if self._serving_reqs:
             serving_ms = self._step_serving(plan.serving_tokens)
         if self.swaps.due:
-            # A load slice takes the rollout step's place (no rollout runs while one is under way): the
-            # time serving leaves this iteration, and no more than that with no serving request, so one
-            # that arrives meanwhile waits one slice at most.
-            cap = self.controller.slo.tpot_ms * (1 - self.controller.slo.margin)
+            # A load slice takes the rollout step's place: the time serving leaves this iteration, and no
+            # more with no serving request, so one that arrives meanwhile waits one slice at most.
+            cap = self.controller.slo.tpot_ms * (1 - self.controller.margin)
             rollout_ms = self.swaps.advance(min(plan.budget_ms - serving_ms + plan.serving_ms, cap))
+            predicted = None  # a load slice has no step prediction to check
         elif plan.rollout_step and self._running:
             rollout_ms = self._step_rollout(plan.rollout_tokens)
-            # More decode steps where the plan found them room in the TPOT budget; a serving request
-            # that arrives meanwhile ends them (it waits for at most the step under way).
+            predicted += plan.rollout_ms
+            # More decode steps where the plan found them room; a serving request arriving ends them.
             for _ in range(plan.rollout_steps - 1):
                 if not self._running or self._serving_waiting():
                     break
+                predicted += self.controller.rollout_model.predict(len(self._running))
                 rollout_ms += self._step_rollout(len(self._running))
         self._waited = 0 if rollout_ms or not self._running else self._waited + 1
         # The period a decoding serving request sees: from one serving step to the next.
         if serving_ms and self._last_serving_step is not None:
-            start, s_ms, r_ms = self._last_serving_step
-            self.controller.observe_iteration((t_start - start) * 1e3, s_ms, r_ms)
-        self._last_serving_step = (t_start, serving_ms, rollout_ms) if serving_ms else None
+            start, s_ms, r_ms, pred = self._last_serving_step
+            self.controller.observe_iteration((t_start - start) * 1e3, s_ms, r_ms, pred)
+        self._last_serving_step = (t_start, serving_ms, rollout_ms, predicted) if serving_ms else None
         if not serving_ms and not rollout_ms and self._waiting and not plan.rollout_admit:
             time.sleep(0.001)  # nothing can run now (caps); do not spin
 

@@ -6,10 +6,10 @@ serving request therefore sees, between two of its tokens, one serving step plus
 rollout steps: those are what the plan budgets. Each iteration the controller
 
 1. always plans the serving step first (it never waits for rollout work);
-2. predicts the serving step's time and the time left for rollout under the TPOT budget minus a
-   safety margin, from an online fit of step time against batched tokens, and minus what each
-   iteration costs besides the two steps (learned from measured iteration periods: on a busy host
-   the executor's own work and the HTTP front end add a few milliseconds no step model sees);
+2. predicts the serving step's time (an online fit of step time against batched tokens) and the
+   time left for rollout under the TPOT budget, less a safety margin learnt from how far measured
+   periods overshoot the predictions (`margin.py`) and what an iteration costs besides its steps
+   (the executor's own work and the HTTP front end: a few milliseconds no step model sees);
 3. skips the rollout step when a waiting serving request is close to its TTFT deadline;
 4. admits waiting rollout sequences while the predicted rollout step stays within what is left, and
    while the rollout in-flight caps (sequences, KV tokens: the memory budget) hold; with no serving
@@ -32,61 +32,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from rose.errors import config_check
 from rose.runtime.coserve.latency import LatencyModel
+from rose.runtime.coserve.margin import MarginLearner
+from rose.runtime.coserve.slo_config import RolloutCaps, SloConfig
 
 __all__ = ["IterationPlan", "LatencyModel", "RolloutCaps", "RolloutSeq", "RolloutView", "ServingView", "SloConfig",
            "SloController"]
-
-
-@dataclass(frozen=True)
-class SloConfig:
-    """Latency objectives of one serving model."""
-
-    ttft_ms: float  # time to first token, arrival -> first token (ms)
-    tpot_ms: float  # time per output token after the first (ms)
-    attainment: float = 0.99  # fraction of requests that must meet both
-    margin: float = 0.15  # fraction of the TPOT budget rollout may never use (prediction error)
-    ttft_guard: float = 0.5  # a waiting request older than this fraction of ttft_ms stops rollout steps
-    # Iterations in a row a running rollout batch too slow for this iteration's budget may wait before
-    # its newest sequences are preempted (a preemption costs an admission and a recomputed context).
-    rollout_waits: int = 3
-    # Rollout steps one iteration may run between two serving steps, at most (1: strict alternation).
-    # A serving step per rollout step costs the rollout a serving step for every token; where the
-    # TPOT budget holds several rollout steps (loose SLOs, fast devices), running them back to back
-    # keeps the serving request inside its budget and gives rollout the time serving does not need.
-    max_rollout_steps: int = 8
-
-    def __post_init__(self):
-        c = "SloConfig"
-        for name in ("ttft_ms", "tpot_ms"):
-            v = getattr(self, name)
-            config_check(isinstance(v, (int, float)) and 0 < v < 3_600_000, c, name, v, "in (0, 3600000) ms")
-        config_check(0 < self.attainment <= 1, c, "attainment", self.attainment, "in (0, 1]")
-        config_check(0 <= self.margin < 1, c, "margin", self.margin, "in [0, 1)")
-        config_check(0 < self.ttft_guard <= 1, c, "ttft_guard", self.ttft_guard, "in (0, 1]")
-        config_check(isinstance(self.rollout_waits, int) and self.rollout_waits >= 0, c, "rollout_waits",
-                     self.rollout_waits, "an int >= 0")
-        config_check(isinstance(self.max_rollout_steps, int) and self.max_rollout_steps >= 1, c,
-                     "max_rollout_steps", self.max_rollout_steps, "an int >= 1")
-
-
-@dataclass(frozen=True)
-class RolloutCaps:
-    """The memory budget of rollout work on a serving device, as in-flight caps."""
-
-    max_seqs: int = 64  # rollout sequences running at once
-    max_kv_tokens: int = 32_768  # KV tokens (prompt + generated) rollout sequences may hold
-    # Where engines share device memory (GPUs): the rollout engine sleeps (frees its weights and KV)
-    # when the serving engine's KV use reaches `sleep_at`, and wakes below `wake_at` (fractions).
-    sleep_at: float = 0.9
-    wake_at: float = 0.7
-
-    def __post_init__(self):
-        config_check(self.max_seqs >= 0, "RolloutCaps", "max_seqs", self.max_seqs, ">= 0")
-        config_check(self.max_kv_tokens >= 0, "RolloutCaps", "max_kv_tokens", self.max_kv_tokens, ">= 0")
-        config_check(0 < self.wake_at < self.sleep_at <= 1, "RolloutCaps", "wake_at", self.wake_at,
-                     f"in (0, sleep_at={self.sleep_at}) with sleep_at <= 1")
 
 
 @dataclass(frozen=True)
@@ -152,13 +103,27 @@ class SloController:
         # periods, as a mean plus a mean upward deviation, and kept out of the rollout budget.
         self.overhead_ms = 0.0
         self.overhead_dev_ms = 0.0
+        self.margin_learner = MarginLearner(min(slo.margin_min, slo.margin), slo.margin, slo.margin_window)
 
-    def observe_iteration(self, period_ms: float, serving_ms: float, rollout_ms: float, decay: float = 0.95) -> None:
-        """One iteration's measured period (serving step start to the next) and its two steps' times."""
+    @property
+    def margin(self) -> float:  # the share of the TPOT budget rollout leaves unused now
+        return self.margin_learner.margin
+
+    def observe_iteration(self, period_ms: float, serving_ms: float, rollout_ms: float,
+                          predicted_ms: float | None = None, decay: float = 0.95) -> None:
+        """One iteration's measured period (serving step start to the next), its two steps' times, and
+        the period its plan predicted (steps and overhead; None: nothing to check it against)."""
         extra = max(0.0, period_ms - serving_ms - rollout_ms)
         dev = max(0.0, extra - self.overhead_ms)
         self.overhead_ms = decay * self.overhead_ms + (1 - decay) * extra
         self.overhead_dev_ms = decay * self.overhead_dev_ms + (1 - decay) * dev
+        if predicted_ms is not None:
+            self.margin_learner.observe(predicted_ms, period_ms)
+
+    def _budget(self, serving_ms: float) -> float:
+        """What rollout may use beside a serving step of `serving_ms`: the TPOT budget less the margin,
+        the serving step and the iteration's overhead."""
+        return self.slo.tpot_ms * (1 - self.margin) - serving_ms - self.overhead_ms - 2 * self.overhead_dev_ms
 
     def rollout_capacity(self, serving_tokens: int) -> int:
         """Rollout sequences that could decode next to a serving step of `serving_tokens` inside the
@@ -167,8 +132,7 @@ class SloController:
         shrinks the offer and the placement sheds what no longer fits."""
         if serving_tokens <= 0:
             return self.caps.max_seqs
-        budget = (self.slo.tpot_ms * (1 - self.slo.margin) - self.serving_model.predict(serving_tokens)
-                  - self.overhead_ms - 2 * self.overhead_dev_ms)
+        budget = self._budget(self.serving_model.predict(serving_tokens))
         lo, hi = 0, self.caps.max_seqs
         while lo < hi:  # the largest n whose predicted step fits (predictions grow with n)
             mid = (lo + hi + 1) // 2
@@ -195,8 +159,7 @@ class SloController:
             return 0
         if serving_tokens <= 0:
             return 1
-        budget = (self.slo.tpot_ms * (1 - self.slo.margin) - self.serving_model.predict(serving_tokens)
-                  - self.overhead_ms - 2 * self.overhead_dev_ms)
+        budget = self._budget(self.serving_model.predict(serving_tokens))
         first = self.rollout_model.predict(seqs)
         return 1 + self.extra_steps(budget, first, seqs) if first <= budget else 0
 
@@ -204,7 +167,7 @@ class SloController:
         prefill = min(sum(serving.waiting_prompt_tokens), self.prefill_chunk)
         s_tokens = serving.decoding + prefill
         s_ms = self.serving_model.predict(s_tokens)
-        budget = self.slo.tpot_ms * (1 - self.slo.margin) - s_ms - self.overhead_ms - 2 * self.overhead_dev_ms
+        budget = self._budget(s_ms)
         running = sorted(rollout.running, key=lambda r: r.admitted_at)
 
         # Shared device memory nearly full: every rollout sequence goes, and the engine sleeps.
