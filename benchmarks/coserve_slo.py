@@ -193,8 +193,10 @@ def main():
                     rates[phase].append(tok_s)
                 print(f"  round {r + 1} {phase}: " + (f"attainment {report.attainment:.4f} " if report else "")
                       + (f"rollout {tok_s:.1f} tok/s" if tok_s is not None else ""), file=sys.stderr, flush=True)
-        preemptions = client.run(lambda dask_worker: dask_worker.plugins["rose"].host.engine.stats["preemptions"],
-                                 workers=[serving])[serving]
+        def executor_figures(dask_worker):
+            ex = dask_worker.plugins["rose"].host.engine
+            return ex.stats["preemptions"], ex.controller.margin
+        preemptions, margin = client.run(executor_figures, workers=[serving])[serving]
     merged = {p: LoadReport([x for rep in reps for x in rep.results], args.ttft_ms, args.tpot_ms).summary()
               for p, reps in phases.items() if reps}
     a, c = merged["alone"], merged["coserved"]
@@ -212,7 +214,7 @@ def main():
         print(f"{name:<11}{s_['requests']:>9}{s_['errors']:>7}{s_['slo_attainment']:>8.4f}{s_['ttft_p50_ms']:>9.1f}"
               f"{s_['ttft_p99_ms']:>9.1f}{s_['tpot_p50_ms']:>9.1f}{s_['tpot_p99_ms']:>9.1f}{r:>14.1f}")
     print(f"{'dedicated':<11}{'':>9}{'':>7}{'':>8}{'':>9}{'':>9}{'':>9}{'':>9}{r0:>14.1f}")
-    print(f"preemptions {preemptions}; harvest ratio {harvest:.3f} "
+    print(f"preemptions {preemptions}; learnt TPOT margin {margin:.3f}; harvest ratio {harvest:.3f} "
           f"(targets: attainment >= 0.99 and >= alone - 0.005; harvest >= 0.6)\n")
     print(json.dumps({"bench": "coserve_slo", "ttft_ms": args.ttft_ms, "tpot_ms": args.tpot_ms,
                       "serving_dtype": dtypes, "rollout_dtype": "float32", "rounds": rounds,
@@ -222,7 +224,7 @@ def main():
                       "ttft_p99_ms_coserved": c["ttft_p99_ms"], "tpot_p99_ms_alone": a["tpot_p99_ms"],
                       "tpot_p99_ms_coserved": c["tpot_p99_ms"], "rollout_tok_s_coserved": round(r1, 1),
                       "rollout_tok_s_dedicated": round(r0, 1), "harvest_ratio": round(harvest, 3),
-                      "preemptions": preemptions, "quick": args.quick}))
+                      "preemptions": preemptions, "tpot_margin": round(margin, 3), "quick": args.quick}))
 
 if __name__ == "__main__":
     main()
