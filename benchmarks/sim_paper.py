@@ -57,13 +57,18 @@ def one(cfg: SimConfig):
 
 # What each of ROSE's extensions contributes: rose as the runtime runs by default, then with one switch
 # changed at a time (tail migration is off by default, so it is switched on), on two paper-scale
-# setups at the slow 20 Gbit/s link (where sync matters), rose's best split there.
+# setups at the slow 20 Gbit/s link (where sync matters) and a tail-bound one where ideal gains least,
+# rose's best split there.
 ABLATIONS = (("defaults", {}), ("synchronous (staleness 0)", {"staleness": 0}),
-             ("one rollout step a serving step", {"coserve_steps": 1}), ("tail migration on", {"migrate_tail": True}),
+             ("one rollout step a serving step", {"coserve_steps": 1}),
+             ("at most 8 rollout steps a serving step", {"coserve_steps": 8}),
+             ("fixed 15 % TPOT margin (not learnt)", {"slo_learn_margin": False}),
+             ("tail migration on", {"migrate_tail": True}),
              ("no cache affinity", {"affinity": False}), ("dense sync", {"sparse_sync": False}),
              ("no relays", {"relays": False}), ("dense sync, no relays", {"sparse_sync": False, "relays": False}))
 ABLATED = ("8b[algorithm=grpo-prompts=1024-inter_gbit=20.0-serving_rps=8.0]",
-           "32b[algorithm=dapo-prompts=1024-inter_gbit=20.0-serving_rps=2.0]")
+           "32b[algorithm=dapo-prompts=1024-inter_gbit=20.0-serving_rps=2.0]",
+           "8b[algorithm=dapo-prompts=256-inter_gbit=200.0-serving_rps=8.0]")  # tail-bound: the margin matters
 
 
 def ablate(cfg: SimConfig, split: float) -> list[tuple[str, dict]]:
@@ -120,9 +125,9 @@ def main():
         rows = ablate(replace(cfg, steps=min(cfg.steps, 8)) if args.quick else cfg, split)
         base = rows[0][1]["traj_per_s"]
         print(f"\nextensions, one changed at a time: {name} (rose, split {split:g})")
-        print(f"{'':<34}{'traj/s':>8}{'x default':>10}{'rollout s':>11}{'sync s':>8}{'sheds':>7}{'moved':>7}")
+        print(f"{'':<40}{'traj/s':>8}{'x default':>10}{'rollout s':>11}{'sync s':>8}{'sheds':>7}{'moved':>7}")
         for label, s in rows:
-            print(f"{label:<34}{s['traj_per_s']:>8.2f}{s['traj_per_s'] / base:>10.3f}{s['rollout_s']:>11.1f}"
+            print(f"{label:<40}{s['traj_per_s']:>8.2f}{s['traj_per_s'] / base:>10.3f}{s['rollout_s']:>11.1f}"
                   f"{s['sync_s']:>8.1f}{s['sheds']:>7}{s['migrations']:>7}")
     t4096, s4096 = timing_4096()
     print(f"\n4,096 GPUs x 100 steps (rose, {s4096['sim_s'] / 3600:.1f} h simulated): {t4096:.1f} s here")

@@ -147,7 +147,8 @@ def main():
             "prefill_ms_per_token": round(eng["prefill_ms_per_token"], 5), "train_s_per_traj": round(train / trajectories, 6),
             "train_base_s": round(max(0.0, overhead), 4), "sync_s": round(sync, 4), "cold_start_s": 8.5,
             "weight_bytes": 1.0e6, "contention": round(max(0.0, contention), 4),
-            **({"coserve_harvest": harvest["harvest_ratio"], "coserve_rate": harvest["rate_req_s"]} if harvest else {}),
+            **({"coserve_harvest": harvest["harvest_ratio"], "coserve_rate": harvest["rate_req_s"],
+                "coserve_margin": harvest["tpot_margin"]} if harvest else {}),
             "source": f"benchmarks/sim/measure_cpu.py {time.strftime('%Y-%m-%d %H:%M')} UTC: decode points "
                       f"{eng['points']}; trainer, sync and per-step overhead from the fixed sync runs of "
                       f"{source} (train {train:.3f} s, sync {sync:.3f} s, other {overhead:.3f} s "

@@ -56,8 +56,8 @@ class SimConfig:
     serving_token_scale: float = 1.0  # multiply the trace's prompt and generated tokens (this host's tiny model)
     ttft_ms: float = 500.0
     tpot_ms: float = 150.0
-    slo_margin: float = 0.15  # SloConfig.margin (the ceiling of the learnt margin)
-    slo_margin_min: float = 0.05  # SloConfig.margin_min (>= slo_margin: a fixed margin)
+    slo_margin: float = 0.15  # SloConfig.margin (the learnt margin's prior)
+    slo_learn_margin: bool = True  # SloConfig.learn_margin (False: the margin stays slo_margin)
     # What a co-serving iteration costs beyond its two engine steps (the executor's own work, the HTTP
     # front end; ms): the runtime's controller learns it (`observe_iteration`) and budgets for it
     coserve_overhead_ms: float = 0.0
@@ -105,7 +105,6 @@ class SimConfig:
             config_check(0 < f <= 1, c, "train_fraction(s)", f, "in (0, 1]")
         config_check(0 < self.changed_fraction <= 1, c, "changed_fraction", self.changed_fraction, "in (0, 1]")
         config_check(0 <= self.slo_margin < 1, c, "slo_margin", self.slo_margin, "in [0, 1)")
-        config_check(0 <= self.slo_margin_min < 1, c, "slo_margin_min", self.slo_margin_min, "in [0, 1)")
         for f in ("tokens_per_turn", "serving_token_scale", "ttft_ms", "tpot_ms", "intra_gbit", "inter_gbit", "tick_s",
                   "load_tick_s"):
             config_check(getattr(self, f) > 0, c, f, getattr(self, f), "> 0")

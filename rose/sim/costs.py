@@ -165,6 +165,7 @@ class CpuProfile:
     # throughput at `coserve_rate` req/s (what the co-serving overhead is fitted on; 0: not measured)
     coserve_harvest: float = 0.0
     coserve_rate: float = 0.0  # req/s
+    coserve_margin: float = 0.0  # the TPOT margin its serving worker had learnt by the end (0: not measured)
     source: str = ""
 
     def linear(self, max_seqs: int) -> LinearCost:

@@ -68,7 +68,7 @@ def mean_context(cfg: SimConfig) -> float:
 
 
 def build(cfg: SimConfig, rng: np.random.Generator, azure_csv: str = AZURE_CSV) -> Platform:
-    slo = SloConfig(cfg.ttft_ms, cfg.tpot_ms, margin=cfg.slo_margin, margin_min=cfg.slo_margin_min,
+    slo = SloConfig(cfg.ttft_ms, cfg.tpot_ms, margin=cfg.slo_margin, learn_margin=cfg.slo_learn_margin,
                     max_rollout_steps=cfg.coserve_steps)
     shape = _shape(azure_csv, cfg.serving_token_scale)
     if cfg.platform == "cpu":

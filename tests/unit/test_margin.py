@@ -12,8 +12,8 @@ def feed(learner, ratios, predicted=20.0):
         learner.observe(predicted, predicted * r)
 
 
-def test_the_ceiling_holds_until_enough_periods_are_measured():
-    m = MarginLearner(0.05, 0.15, window=16, min_windows=200)
+def test_the_prior_holds_until_enough_periods_are_measured():
+    m = MarginLearner(0.05, 0.15, 0.4, window=16, min_windows=200)
     feed(m, np.ones(200))  # 185 windows: not enough
     assert m.margin == 0.15
     feed(m, np.ones(100))
@@ -22,24 +22,27 @@ def test_the_ceiling_holds_until_enough_periods_are_measured():
 
 def test_the_margin_covers_the_windowed_overshoot_and_stays_within_its_bounds():
     rng = np.random.default_rng(0)
-    m = MarginLearner(0.0, 0.5, window=16)
+    m = MarginLearner(0.0, 0.15, 0.5, window=16)
     feed(m, 1.10 * rng.lognormal(0, 0.02, 2000))  # periods 10 % over their prediction
     assert m.margin == pytest.approx(1 - 1 / 1.10, abs=0.02)
-    hi = MarginLearner(0.05, 0.15, window=16)
-    feed(hi, np.full(2000, 1.4))
-    assert hi.margin == 0.15  # a host this far off keeps the ceiling
+    busy = MarginLearner(0.05, 0.15, 0.4, window=16)
+    feed(busy, np.full(2000, 1.25))
+    assert busy.margin == pytest.approx(0.2)  # a busy host keeps more than the prior
+    hi = MarginLearner(0.05, 0.15, 0.4, window=16)
+    feed(hi, np.full(2000, 2.0))
+    assert hi.margin == 0.4  # and no more than the ceiling
 
 
 def test_one_slow_iteration_in_a_window_does_not_move_it_but_slow_runs_do():
     spikes = np.ones(4000)
     spikes[::50] = 2.0  # one iteration in 50 twice as long: a window's mean is 1.06 at most
-    m = MarginLearner(0.0, 0.5, window=16)
+    m = MarginLearner(0.0, 0.15, 0.5, window=16)
     feed(m, spikes)
     assert m.margin == pytest.approx(1 - 1 / 1.0625, abs=0.005)
     runs = np.ones(4000)
     for start in range(0, 4000, 200):
         runs[start:start + 20] = 1.3  # every 200 iterations, 20 in a row 30 % slow (another process's burst)
-    r = MarginLearner(0.0, 0.5, window=16)
+    r = MarginLearner(0.0, 0.15, 0.5, window=16)
     feed(r, runs)
     assert r.margin == pytest.approx(1 - 1 / 1.3, abs=0.005)
 
@@ -47,8 +50,8 @@ def test_one_slow_iteration_in_a_window_does_not_move_it_but_slow_runs_do():
 def test_a_learnt_margin_widens_the_rollout_budget_and_a_fixed_one_does_not():
     serving = ServingView(decoding=8)
     rollout = RolloutView(running=(RolloutSeq("r", 10),))
-    for margin_min, widens in ((0.02, True), (0.15, False)):
-        ctl = SloController(SloConfig(ttft_ms=500, tpot_ms=100, margin=0.15, margin_min=margin_min))
+    for learn, widens in ((True, True), (False, False)):
+        ctl = SloController(SloConfig(ttft_ms=500, tpot_ms=100, margin=0.15, margin_min=0.02, learn_margin=learn))
         before = ctl.plan(serving, rollout).budget_ms
         for _ in range(400):
             ctl.observe_iteration(30.0, 25.0, 5.0, 30.0)
@@ -57,9 +60,12 @@ def test_a_learnt_margin_widens_the_rollout_budget_and_a_fixed_one_does_not():
         assert after == pytest.approx(before + (0.15 - ctl.margin) * 100)
 
 
-def test_bad_margin_bounds_are_named_and_a_margin_below_the_floor_stays_fixed():
-    assert SloController(SloConfig(ttft_ms=500, tpot_ms=100, margin=0.0)).margin_learner.floor == 0.0
+def test_bad_margin_bounds_are_named_and_the_bounds_always_hold_the_prior():
+    learner = SloController(SloConfig(ttft_ms=500, tpot_ms=100, margin=0.0)).margin_learner
+    assert (learner.floor, learner.margin, learner.ceiling) == (0.0, 0.0, 0.4)
     with pytest.raises(ConfigError, match="margin_min"):
-        SloConfig(ttft_ms=500, tpot_ms=100, margin_min=1.0)
+        SloConfig(ttft_ms=500, tpot_ms=100, margin_min=-0.1)
+    with pytest.raises(ConfigError, match="margin_max"):
+        SloConfig(ttft_ms=500, tpot_ms=100, margin_max=1.0)
     with pytest.raises(ConfigError, match="margin_window"):
         SloConfig(ttft_ms=500, tpot_ms=100, margin_window=0)

@@ -6,9 +6,9 @@ iteration's overhead); the executor measures it. A serving request's TPOT is the
 output tokens, so what the SLO sees is the overshoot averaged over a run of iterations, not one
 iteration's jitter. The margin is the one that would have held the 99th percentile of those windowed
 overshoots inside the budget: planning to `(1 - margin)` of the budget leaves room for a mean period
-`1 / (1 - margin)` times the prediction. It starts at the configured ceiling (nothing measured yet),
-stays within [floor, ceiling], and follows the host: a quiet accelerator whose steps the latency
-models predict well gives rollout most of the budget; a busy host, where periods swing, keeps more.
+`1 / (1 - margin)` times the prediction. It starts at a prior (nothing measured yet), stays within
+[floor, ceiling], and follows the host: a quiet accelerator whose steps the latency models predict
+well gives rollout most of the budget; a busy host, where periods swing, keeps more.
 """
 from __future__ import annotations
 
@@ -18,17 +18,17 @@ import numpy as np
 
 
 class MarginLearner:
-    def __init__(self, floor: float, ceiling: float, window: int = 16, history: int = 1024, min_windows: int = 200,
-                 every: int = 32):
+    def __init__(self, floor: float, prior: float, ceiling: float, window: int = 16, history: int = 1024,
+                 min_windows: int = 200, every: int = 32):
         self.floor, self.ceiling = floor, ceiling  # fractions of the TPOT budget
         self.window = window  # iterations a request's TPOT averages over (about its output tokens)
-        self.min_windows = min_windows  # windowed means needed before the ceiling gives way
+        self.min_windows = min_windows  # windowed means needed before the prior gives way
         self.every = every  # iterations between two re-estimates
         self._ratios: deque[float] = deque(maxlen=window)  # measured / predicted period, last `window`
         self._sum = 0.0
         self._means: deque[float] = deque(maxlen=history)  # windowed mean ratios
         self.windows = 0  # windowed means measured so far
-        self.margin = ceiling
+        self.margin = prior
 
     def observe(self, predicted_ms: float, measured_ms: float) -> None:
         """One iteration's predicted and measured period (ms)."""

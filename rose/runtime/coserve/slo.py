@@ -103,7 +103,9 @@ class SloController:
         # periods, as a mean plus a mean upward deviation, and kept out of the rollout budget.
         self.overhead_ms = 0.0
         self.overhead_dev_ms = 0.0
-        self.margin_learner = MarginLearner(min(slo.margin_min, slo.margin), slo.margin, slo.margin_window)
+        bounds = (min(slo.margin_min, slo.margin), max(slo.margin_max, slo.margin)) if slo.learn_margin else \
+            (slo.margin, slo.margin)
+        self.margin_learner = MarginLearner(bounds[0], slo.margin, bounds[1], slo.margin_window)
 
     @property
     def margin(self) -> float:  # the share of the TPOT budget rollout leaves unused now

@@ -16,9 +16,11 @@ class SloConfig:
     attainment: float = 0.99  # fraction of requests that must meet both
     # Fraction of the TPOT budget rollout leaves unused, for prediction error: `margin` until the
     # executor has measured enough iterations, then what its predictions' overshoot needs, within
-    # [min(margin_min, margin), margin] (`MarginLearner`; margin_min >= margin keeps it fixed)
+    # [margin_min, margin_max], widened to hold `margin` (`MarginLearner`; learn_margin=False keeps `margin`)
     margin: float = 0.15
     margin_min: float = 0.05
+    margin_max: float = 0.4
+    learn_margin: bool = True
     margin_window: int = 16  # iterations a serving request's TPOT averages over (about its output tokens)
     ttft_guard: float = 0.5  # a waiting request older than this fraction of ttft_ms stops rollout steps
     # Iterations in a row a running rollout batch too slow for this iteration's budget may wait before
@@ -37,7 +39,8 @@ class SloConfig:
             config_check(isinstance(v, (int, float)) and 0 < v < 3_600_000, c, name, v, "in (0, 3600000) ms")
         config_check(0 < self.attainment <= 1, c, "attainment", self.attainment, "in (0, 1]")
         config_check(0 <= self.margin < 1, c, "margin", self.margin, "in [0, 1)")
-        config_check(0 <= self.margin_min < 1, c, "margin_min", self.margin_min, "in [0, 1)")
+        for name in ("margin_min", "margin_max"):
+            config_check(0 <= getattr(self, name) < 1, c, name, getattr(self, name), "in [0, 1)")
         config_check(0 < self.ttft_guard <= 1, c, "ttft_guard", self.ttft_guard, "in (0, 1]")
         for name, least in (("rollout_waits", 0), ("max_rollout_steps", 1), ("margin_window", 1)):
             v = getattr(self, name)
