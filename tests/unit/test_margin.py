@@ -7,44 +7,48 @@ from rose.runtime.coserve.margin import MarginLearner
 from rose.runtime.coserve.slo import ServingView, RolloutSeq, RolloutView, SloConfig, SloController
 
 
-def feed(learner, ratios, predicted=20.0):
-    for r in ratios:
-        learner.observe(predicted, predicted * r)
+def feed(learner, missed_ms, predicted=20.0):
+    for m in missed_ms:
+        learner.observe(predicted, predicted + m)
 
 
 def test_the_prior_holds_until_enough_periods_are_measured():
-    m = MarginLearner(0.05, 0.15, 0.4, window=16, min_windows=200)
-    feed(m, np.ones(200))  # 185 windows: not enough
+    m = MarginLearner(100.0, 0.05, 0.15, 0.4, window=16, min_windows=200)
+    feed(m, np.zeros(200))  # 185 windows: not enough
     assert m.margin == 0.15
-    feed(m, np.ones(100))
+    feed(m, np.zeros(100))
     assert m.margin == 0.05  # exact predictions: the floor
 
 
 def test_the_margin_covers_the_windowed_overshoot_and_stays_within_its_bounds():
     rng = np.random.default_rng(0)
-    m = MarginLearner(0.0, 0.15, 0.5, window=16)
-    feed(m, 1.10 * rng.lognormal(0, 0.02, 2000))  # periods 10 % over their prediction
-    assert m.margin == pytest.approx(1 - 1 / 1.10, abs=0.02)
-    busy = MarginLearner(0.05, 0.15, 0.4, window=16)
-    feed(busy, np.full(2000, 1.25))
-    assert busy.margin == pytest.approx(0.2)  # a busy host keeps more than the prior
-    hi = MarginLearner(0.05, 0.15, 0.4, window=16)
-    feed(hi, np.full(2000, 2.0))
+    m = MarginLearner(100.0, 0.0, 0.15, 0.5, window=16)
+    feed(m, rng.normal(10.0, 1.0, 2000))  # periods 10 ms (a tenth of the budget) over their prediction
+    assert m.margin == pytest.approx(0.10, abs=0.01)
+    busy = MarginLearner(100.0, 0.05, 0.15, 0.4, window=16)
+    feed(busy, np.full(2000, 25.0))
+    assert busy.margin == pytest.approx(0.25)  # a busy host keeps more than the prior
+    hi = MarginLearner(100.0, 0.05, 0.15, 0.4, window=16)
+    feed(hi, np.full(2000, 60.0))
     assert hi.margin == 0.4  # and no more than the ceiling
+    short = MarginLearner(100.0, 0.0, 0.15, 0.5, window=16)
+    for _ in range(2000):
+        short.observe(2.0, 5.0)  # short periods 150 % over: 3 ms of a 100 ms budget
+    assert short.margin == pytest.approx(0.03)
 
 
 def test_one_slow_iteration_in_a_window_does_not_move_it_but_slow_runs_do():
-    spikes = np.ones(4000)
-    spikes[::50] = 2.0  # one iteration in 50 twice as long: a window's mean is 1.06 at most
-    m = MarginLearner(0.0, 0.15, 0.5, window=16)
+    spikes = np.zeros(4000)
+    spikes[::50] = 32.0  # one iteration in 50 takes 32 ms longer: a window's mean misses by 2 ms at most
+    m = MarginLearner(100.0, 0.0, 0.15, 0.5, window=16)
     feed(m, spikes)
-    assert m.margin == pytest.approx(1 - 1 / 1.0625, abs=0.005)
-    runs = np.ones(4000)
+    assert m.margin == pytest.approx(0.02)
+    runs = np.zeros(4000)
     for start in range(0, 4000, 200):
-        runs[start:start + 20] = 1.3  # every 200 iterations, 20 in a row 30 % slow (another process's burst)
-    r = MarginLearner(0.0, 0.15, 0.5, window=16)
+        runs[start:start + 20] = 30.0  # every 200 iterations, 20 in a row 30 ms slow (another process's burst)
+    r = MarginLearner(100.0, 0.0, 0.15, 0.5, window=16)
     feed(r, runs)
-    assert r.margin == pytest.approx(1 - 1 / 1.3, abs=0.005)
+    assert r.margin == pytest.approx(0.3)
 
 
 def test_a_learnt_margin_widens_the_rollout_budget_and_a_fixed_one_does_not():

@@ -3,12 +3,13 @@ miss.
 
 A plan predicts each iteration's period (the serving step, the rollout steps beside it and the
 iteration's overhead); the executor measures it. A serving request's TPOT is the mean period over its
-output tokens, so what the SLO sees is the overshoot averaged over a run of iterations, not one
-iteration's jitter. The margin is the one that would have held the 99th percentile of those windowed
-overshoots inside the budget: planning to `(1 - margin)` of the budget leaves room for a mean period
-`1 / (1 - margin)` times the prediction. It starts at a prior (nothing measured yet), stays within
-[floor, ceiling], and follows the host: a quiet accelerator whose steps the latency models predict
-well gives rollout most of the budget; a busy host, where periods swing, keeps more.
+output tokens, so what the SLO sees is the time the predictions missed, averaged over a run of
+iterations, not one iteration's jitter. Plans fill the budget up to `(1 - margin) * tpot_ms`, so the
+margin must hold that missed time: it is the 99th percentile of the windowed mean of (measured -
+predicted) / tpot_ms. Counted in milliseconds of the budget, not as a ratio: a 2 ms serving-only
+period that takes 5 ms costs a request 3 ms, not 150 % of its budget. It starts at a prior (nothing
+measured yet), stays within [floor, ceiling], and follows the host: a quiet accelerator whose steps
+the latency models predict well gives rollout most of the budget; a busy host keeps more.
 """
 from __future__ import annotations
 
@@ -18,31 +19,32 @@ import numpy as np
 
 
 class MarginLearner:
-    def __init__(self, floor: float, prior: float, ceiling: float, window: int = 16, history: int = 1024,
-                 min_windows: int = 200, every: int = 32):
+    def __init__(self, tpot_ms: float, floor: float, prior: float, ceiling: float, window: int = 16,
+                 history: int = 1024, min_windows: int = 200, every: int = 32):
+        self.tpot_ms = tpot_ms  # the budget the missed time is counted against (ms)
         self.floor, self.ceiling = floor, ceiling  # fractions of the TPOT budget
         self.window = window  # iterations a request's TPOT averages over (about its output tokens)
         self.min_windows = min_windows  # windowed means needed before the prior gives way
         self.every = every  # iterations between two re-estimates
-        self._ratios: deque[float] = deque(maxlen=window)  # measured / predicted period, last `window`
+        self._missed: deque[float] = deque(maxlen=window)  # (measured - predicted) / tpot_ms, last `window`
         self._sum = 0.0
-        self._means: deque[float] = deque(maxlen=history)  # windowed mean ratios
+        self._means: deque[float] = deque(maxlen=history)  # windowed means of the above
         self.windows = 0  # windowed means measured so far
         self.margin = prior
 
     def observe(self, predicted_ms: float, measured_ms: float) -> None:
         """One iteration's predicted and measured period (ms)."""
-        if not (predicted_ms > 0 and measured_ms >= 0):
+        if not (predicted_ms >= 0 and measured_ms >= 0):
             return
-        if len(self._ratios) == self.window:
-            self._sum -= self._ratios[0]
-        ratio = measured_ms / predicted_ms
-        self._ratios.append(ratio)
-        self._sum += ratio
-        if len(self._ratios) < self.window:
+        if len(self._missed) == self.window:
+            self._sum -= self._missed[0]
+        missed = (measured_ms - predicted_ms) / self.tpot_ms
+        self._missed.append(missed)
+        self._sum += missed
+        if len(self._missed) < self.window:
             return
         self._means.append(self._sum / self.window)
         self.windows += 1
         if len(self._means) >= self.min_windows and self.windows % self.every == 0:
             p99 = float(np.percentile(np.fromiter(self._means, float), 99))
-            self.margin = min(self.ceiling, max(self.floor, 1.0 - 1.0 / max(p99, 1e-9)))
+            self.margin = min(self.ceiling, max(self.floor, p99))

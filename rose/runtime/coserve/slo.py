@@ -105,7 +105,7 @@ class SloController:
         self.overhead_dev_ms = 0.0
         bounds = (min(slo.margin_min, slo.margin), max(slo.margin_max, slo.margin)) if slo.learn_margin else \
             (slo.margin, slo.margin)
-        self.margin_learner = MarginLearner(bounds[0], slo.margin, bounds[1], slo.margin_window)
+        self.margin_learner = MarginLearner(slo.tpot_ms, bounds[0], slo.margin, bounds[1], slo.margin_window)
 
     @property
     def margin(self) -> float:  # the share of the TPOT budget rollout leaves unused now

@@ -15,7 +15,7 @@ class SloConfig:
     tpot_ms: float  # time per output token after the first (ms)
     attainment: float = 0.99  # fraction of requests that must meet both
     # Fraction of the TPOT budget rollout leaves unused, for prediction error: `margin` until the
-    # executor has measured enough iterations, then what its predictions' overshoot needs, within
+    # executor has measured enough iterations, then the time its periods run past their predictions, within
     # [margin_min, margin_max], widened to hold `margin` (`MarginLearner`; learn_margin=False keeps `margin`)
     margin: float = 0.15
     margin_min: float = 0.05
