@@ -24,7 +24,7 @@ def test_the_margin_covers_the_windowed_overshoot_and_stays_within_its_bounds():
     rng = np.random.default_rng(0)
     m = MarginLearner(100.0, 0.0, 0.15, 0.5, window=16)
     feed(m, rng.normal(10.0, 1.0, 2000))  # periods 10 ms (a tenth of the budget) over their prediction
-    assert m.margin == pytest.approx(0.10, abs=0.01)
+    assert m.margin == pytest.approx(0.10, abs=0.015)
     busy = MarginLearner(100.0, 0.05, 0.15, 0.4, window=16)
     feed(busy, np.full(2000, 25.0))
     assert busy.margin == pytest.approx(0.25)  # a busy host keeps more than the prior
@@ -37,18 +37,18 @@ def test_the_margin_covers_the_windowed_overshoot_and_stays_within_its_bounds():
     assert short.margin == pytest.approx(0.03)
 
 
-def test_one_slow_iteration_in_a_window_does_not_move_it_but_slow_runs_do():
-    spikes = np.zeros(4000)
-    spikes[::50] = 32.0  # one iteration in 50 takes 32 ms longer: a window's mean misses by 2 ms at most
-    m = MarginLearner(100.0, 0.0, 0.15, 0.5, window=16)
-    feed(m, spikes)
-    assert m.margin == pytest.approx(0.02)
-    runs = np.zeros(4000)
-    for start in range(0, 4000, 200):
-        runs[start:start + 20] = 30.0  # every 200 iterations, 20 in a row 30 ms slow (another process's burst)
-    r = MarginLearner(100.0, 0.0, 0.15, 0.5, window=16)
-    feed(r, runs)
-    assert r.margin == pytest.approx(0.3)
+def test_a_stall_is_covered_for_the_requests_decoding_through_it_and_then_forgotten():
+    def learner(q):
+        m = MarginLearner(100.0, 0.0, 0.15, 0.5, window=8, history=1024, quantile=q)
+        feed(m, np.zeros(1500))
+        feed(m, [40.0])  # one iteration stalls 40 ms: the 8 windows that hold it miss by 5 ms (0.8 %)
+        feed(m, np.zeros(100))
+        return m
+    m = learner(99.9)
+    assert m.margin == pytest.approx(0.05)
+    feed(m, np.zeros(1100))  # a thousand windows later it has aged out
+    assert m.margin == 0.0
+    assert learner(99.0).margin == 0.0  # the 99th percentile would not have covered it at all
 
 
 def test_a_learnt_margin_widens_the_rollout_budget_and_a_fixed_one_does_not():
