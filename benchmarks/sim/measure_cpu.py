@@ -126,7 +126,8 @@ def main():
         harvest = next(r for r in run_bench(["benchmarks/coserve_slo.py", "--quick"]) if r.get("bench"))
         run_bench(["benchmarks/elastic_e2e.py", "--steps", "12", "--elastic-steps", "40"], args.runs_out)
         engines.append(engine_steps_apart(args.core))
-        eng = {k: statistics.fmean(e[k] for e in engines) for k in ("decode_a_ms", "decode_b_ms", "prefill_ms_per_token")}
+        eng = {k: statistics.fmean(e[k] for e in engines)
+               for k in ("decode_a_ms", "decode_b_ms", "prefill_ms_per_token")}
         eng["points"] = [e["points"] for e in engines]
         rows, source = e2e_rows(args.runs_out), f"{os.path.basename(args.runs_out)} (measured with it, {t0} UTC on)"
     else:
@@ -144,7 +145,8 @@ def main():
     busy = [r for r in rows if r["policy"] == "ideal" and r["staleness"] == 1]
     contention = statistics.fmean(r["train_s"] for r in busy) / train - 1 if busy else 0.0
     prof = {"decode_a_ms": round(eng["decode_a_ms"], 3), "decode_b_ms": round(eng["decode_b_ms"], 5),
-            "prefill_ms_per_token": round(eng["prefill_ms_per_token"], 5), "train_s_per_traj": round(train / trajectories, 6),
+            "prefill_ms_per_token": round(eng["prefill_ms_per_token"], 5),
+            "train_s_per_traj": round(train / trajectories, 6),
             "train_base_s": round(max(0.0, overhead), 4), "sync_s": round(sync, 4), "cold_start_s": 8.5,
             "weight_bytes": 1.0e6, "contention": round(max(0.0, contention), 4),
             **({"coserve_harvest": harvest["harvest_ratio"], "coserve_rate": harvest["rate_req_s"],

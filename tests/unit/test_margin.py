@@ -65,8 +65,10 @@ def test_a_learnt_margin_widens_the_rollout_budget_and_a_fixed_one_does_not():
 
 
 def test_bad_margin_bounds_are_named_and_the_bounds_always_hold_the_prior():
-    learner = SloController(SloConfig(ttft_ms=500, tpot_ms=100, margin=0.0)).margin_learner
+    learner = SloController(SloConfig(ttft_ms=500, tpot_ms=100, margin=0.0, learn_margin=True)).margin_learner
     assert (learner.floor, learner.margin, learner.ceiling) == (0.0, 0.0, 0.4)
+    fixed = SloController(SloConfig(ttft_ms=500, tpot_ms=100)).margin_learner  # off by default
+    assert (fixed.floor, fixed.margin, fixed.ceiling) == (0.15, 0.15, 0.15)
     with pytest.raises(ConfigError, match="margin_min"):
         SloConfig(ttft_ms=500, tpot_ms=100, margin_min=-0.1)
     with pytest.raises(ConfigError, match="margin_max"):
