@@ -22,13 +22,16 @@ import numpy as np
 
 
 class MarginLearner:
+    """The margin of one executor's controller (`margin`, a fraction of the TPOT budget), learnt from
+    `observe` calls; with floor = ceiling it stays at the prior."""
+
     def __init__(self, tpot_ms: float, floor: float, prior: float, ceiling: float, window: int = 16,
                  history: int = 1024, min_windows: int = 200, every: int = 32, quantile: float = 99.9):
         self.tpot_ms = tpot_ms  # the budget the missed time is counted against (ms)
         self.floor, self.ceiling = floor, ceiling  # fractions of the TPOT budget
         self.window = window  # iterations a request's TPOT averages over (about its output tokens)
         self.min_windows = min_windows  # windowed means needed before the prior gives way
-        self.every = every  # iterations between two re-estimates
+        self.every = every  # windows (one an iteration, once the first is full) between two re-estimates
         self.quantile = quantile  # percentile of the windowed means the margin covers
         self._missed: deque[float] = deque(maxlen=window)  # (measured - predicted) / tpot_ms, last `window`
         self._sum = 0.0
