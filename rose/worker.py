@@ -57,6 +57,8 @@ def _parse_cores(value: str | None) -> tuple[int, ...] | None:
 @click.option("--rose-http-host", default="127.0.0.1", show_default=True, help="serving role: address to listen on")
 @click.option("--rose-ttft-ms", type=float, default=1000.0, show_default=True, help="serving role: TTFT SLO")
 @click.option("--rose-tpot-ms", type=float, default=100.0, show_default=True, help="serving role: TPOT SLO")
+@click.option("--rose-learn-margin", is_flag=True, default=False,
+              help="serving role: learn the share of the TPOT budget rollout leaves unused (SloConfig.learn_margin)")
 @click.option("--rose-rollout-seqs", type=int, default=64, show_default=True,
               help="serving role: at most this many rollout sequences in flight (the memory budget)")
 @click.option("--rose-reward-model", default=None, help="reward role: a sequence-classification model directory")
@@ -68,8 +70,8 @@ def _parse_cores(value: str | None) -> tuple[int, ...] | None:
               help="dedicated role: this worker shares its device with the trainer and takes no rollouts while "
                    "a train step runs (asynchronous runs overlap rollouts with training elsewhere)")
 async def dask_setup(worker, rose_role, rose_cores, rose_site, rose_serving_model, rose_http_port, rose_http_host,
-                     rose_ttft_ms, rose_tpot_ms, rose_rollout_seqs, rose_reward_model, rose_slots, rose_elastic,
-                     rose_colocated):
+                     rose_ttft_ms, rose_tpot_ms, rose_learn_margin, rose_rollout_seqs, rose_reward_model, rose_slots,
+                     rose_elastic, rose_colocated):
     if os.environ.get(WORKER_LOG_ENV):  # before anything loads vLLM or a model
         _log_to_file(os.environ[WORKER_LOG_ENV])
     if rose_colocated and rose_role != "dedicated":
@@ -79,7 +81,8 @@ async def dask_setup(worker, rose_role, rose_cores, rose_site, rose_serving_mode
         if not rose_serving_model:
             raise click.UsageError("--rose-role serving needs --rose-serving-model DIR")
         serving = ServingConfig(rose_serving_model, rose_http_host, rose_http_port,
-                                SloConfig(rose_ttft_ms, rose_tpot_ms), RolloutCaps(max_seqs=rose_rollout_seqs))
+                                SloConfig(rose_ttft_ms, rose_tpot_ms, learn_margin=rose_learn_margin),
+                                RolloutCaps(max_seqs=rose_rollout_seqs))
     plugin = RoseWorker(role=rose_role, cores=_parse_cores(rose_cores), site=rose_site, elastic=rose_elastic,
                         max_slots=rose_slots, colocated=rose_colocated, serving=serving,
                         reward_model=rose_reward_model)

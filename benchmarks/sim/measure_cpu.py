@@ -92,7 +92,14 @@ def run_bench(args: list[str], rows_out: str | None = None) -> list[dict]:
     print(p.stdout[-3000:], flush=True)
     if p.returncode:
         raise SystemExit(f"{args[0]} failed ({p.returncode}):\n{p.stderr[-3000:]}")
-    rows = [json.loads(x) for x in (p.stdout + "\n" + p.stderr).splitlines() if x.startswith("{")]
+    rows = []
+    for line in (p.stdout + "\n" + p.stderr).splitlines():
+        if line.startswith("{"):
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass  # a log line, not a result
+
     if rows_out is not None:
         with open(rows_out, "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows if "policy" in r)
@@ -123,7 +130,9 @@ def main():
     if args.run:
         t0 = time.strftime("%Y-%m-%d %H:%M")
         engines = [engine_steps_apart(args.core)]
-        harvest = next(r for r in run_bench(["benchmarks/coserve_slo.py", "--quick"]) if r.get("bench"))
+        harvest = next((r for r in run_bench(["benchmarks/coserve_slo.py", "--quick"]) if r.get("bench")), None)
+        if harvest is None:
+            raise SystemExit("benchmarks/coserve_slo.py printed no result line")
         run_bench(["benchmarks/elastic_e2e.py", "--steps", "12", "--elastic-steps", "40"], args.runs_out)
         engines.append(engine_steps_apart(args.core))
         eng = {k: statistics.fmean(e[k] for e in engines)
@@ -134,7 +143,7 @@ def main():
         rows, source = e2e_rows(args.e2e), os.path.basename(args.e2e)
     fixed = [r for r in rows if r["policy"] == "fixed" and r["staleness"] == 0]
     if not fixed:
-        raise SystemExit(f"{args.e2e}: no fixed synchronous run to take the trainer's figures from")
+        raise SystemExit(f"{source}: no fixed synchronous run to take the trainer's figures from")
     if not args.run:
         eng = engine_steps(args.core)
     trajectories = 128  # the default pipeline's step: 16 groups of 8

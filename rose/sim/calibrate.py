@@ -27,7 +27,8 @@ from rose.sim.platform import build
 from rose.sim.serving import RequestShape
 
 # elastic_e2e's default pipeline (guess: 16 groups of 8, up to 5 turns of a few tokens) and setups, with the
-# runtime's defaults (several rollout steps beside a serving step, a learnt TPOT margin, no tail migration).
+# runtime's defaults (several rollout steps beside a serving step, no tail migration); `calibrate` sets the
+# TPOT margin to the one the host's serving worker learnt, where the profile has it.
 GUESS = SimConfig(name="elastic_e2e", platform="cpu", job_gpus=1, serving_gpus=1, steps=12, prompts=16,
                   group_size=8, turns_min=1, turns_max=5, tokens_per_turn=3.0, length_sigma=0.0, max_tokens=20,
                   prompt_tokens=10, env_latency_s=0.0, trace="azure", serving_rps=33.0, serving_token_scale=0.03,

@@ -189,7 +189,7 @@ def test_a_weight_load_applies_in_slices_between_serving_steps_and_rollouts_see_
         # serving stepped between the first and the last slice: the load never held it for all of its slices
         assert any(log[i][0] == "serving-step" for i in range(slices[0], slices[-1]))
         # each slice was given at most what the TPOT budget leaves
-        assert all(b <= slo.tpot_ms * (1 - slo.margin_min) for b in rollout.last_load.budgets)
+        assert all(b <= slo.tpot_ms * (1 - slo.margin) for b in rollout.last_load.budgets)
         after_load = [v for k, v in log[slices[0]:] if k == "rollout-step"]
         assert after_load and set(after_load) == {7}
         assert [e[1:] for e in ex.events if e[1] == "load"] == [("load", 7, "begin"), ("load", 7, "done")]

@@ -75,3 +75,10 @@ def test_bad_margin_bounds_are_named_and_the_bounds_always_hold_the_prior():
         SloConfig(ttft_ms=500, tpot_ms=100, margin_max=1.0)
     with pytest.raises(ConfigError, match="margin_window"):
         SloConfig(ttft_ms=500, tpot_ms=100, margin_window=0)
+
+
+def test_a_serving_worker_learns_its_margin_when_started_with_the_flag():
+    from rose.worker import dask_setup
+    ctx = dask_setup.make_context("dask_setup", ["--rose-role", "serving", "--rose-learn-margin"])
+    assert ctx.params["rose_learn_margin"] is True
+    assert dask_setup.make_context("dask_setup", ["--rose-role", "serving"]).params["rose_learn_margin"] is False

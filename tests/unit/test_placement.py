@@ -165,6 +165,10 @@ def test_plan_migrate_moves_the_oldest_serving_groups_to_the_freest_dedicated_wo
     # "new" stays: d1 would run 16 sequences, more than the 8 left on s1 (a bigger batch steps it slower)
     assert [(a.key, a.worker, a.reason) for a in out] == [("old", "d2", "migrate"), ("mid", "d2", "migrate")]
     assert plan_migrate(running, workers, waiting=1) == []  # waiting work comes first
+    # the freest dedicated worker is too busy for it: a less free, idle one takes it
+    busy_free = [WorkerSlot("d1", "dedicated", 64, 32), WorkerSlot("d2", "dedicated", 16, 0),
+                 WorkerSlot("s1", "serving", 32, 16)]
+    assert [(a.key, a.worker) for a in plan_migrate([Running("g", "s1", 8, 1.0)], busy_free, 0)] == [("g", "d2")]
     assert plan_migrate(running, [WorkerSlot("s1", "serving", 32, 24)], waiting=0) == []
 
 

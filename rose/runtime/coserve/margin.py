@@ -6,9 +6,10 @@ iteration's overhead); the executor measures it. A serving request's TPOT is the
 output tokens, so what the SLO sees is the time the predictions missed, averaged over a run of
 iterations, not one iteration's jitter. Plans fill the budget up to `(1 - margin) * tpot_ms`, so the
 margin must hold that missed time: it is a high quantile (99.9th) of the windowed mean of (measured -
-predicted) / tpot_ms over the last `history` windows. The 99.9th, not the 99th: one stall (another
-process, a collection) lands in every window that holds it, a few dozen of a thousand, and the
-requests decoding through it are the ones that miss; the 99th would forget it. Counted in
+predicted) / tpot_ms over the last `history` windows. The 99.9th, not the 99th: a stall (another
+process, a collection) lands in the `window` windows that hold it, and the requests decoding through
+it are the ones that miss; with short windows (short outputs) that is under 1 % of the history,
+which the 99th would not cover. Counted in
 milliseconds of the budget, not as a ratio: a 2 ms serving-only period that takes 5 ms costs a
 request 3 ms, not 150 % of its budget. It starts at a prior (nothing measured yet), stays within
 [floor, ceiling], and follows the host: a quiet accelerator whose steps the latency models predict

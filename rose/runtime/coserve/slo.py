@@ -7,8 +7,8 @@ rollout steps: those are what the plan budgets. Each iteration the controller
 
 1. always plans the serving step first (it never waits for rollout work);
 2. predicts the serving step's time (an online fit of step time against batched tokens) and the
-   time left for rollout under the TPOT budget, less a safety margin learnt from how far measured
-   periods overshoot the predictions (`margin.py`) and what an iteration costs besides its steps
+   time left for rollout under the TPOT budget, less a safety margin (fixed, or learnt from how far
+   measured periods overshoot the predictions: `margin.py`) and what an iteration costs besides its steps
    (the executor's own work and the HTTP front end: a few milliseconds no step model sees);
 3. skips the rollout step when a waiting serving request is close to its TTFT deadline;
 4. admits waiting rollout sequences while the predicted rollout step stays within what is left, and
@@ -89,7 +89,8 @@ class IterationPlan:
 
 
 class SloController:
-    """Plans each iteration of one co-serving executor. Holds only the latency models it learns."""
+    """Plans each iteration of one co-serving executor. Holds only what it learns: the latency models,
+    the iteration overhead and the margin."""
 
     def __init__(self, slo: SloConfig, caps: RolloutCaps = RolloutCaps(), prefill_chunk: int = 512,
                  serving_model: LatencyModel | None = None, rollout_model: LatencyModel | None = None):

@@ -184,7 +184,8 @@ def plan_migrate(running: Sequence[Running], workers: Iterable[WorkerSlot], wait
     costs a serving step too: near the end of a step, the longest groups left on serving workers set
     the step's time while dedicated workers sit idle. With no task waiting (`waiting` = 0), the oldest
     groups on serving workers (most progress made: the likeliest long tail) go, as continuations, to
-    the dedicated workers with the most free slots. Returns (key, dedicated worker) assignments.
+    the dedicated workers with the most free slots, but only into a batch no larger than the one they
+    leave (a busier dedicated worker could step them slower). Returns (key, dedicated worker) assignments.
     """
     if waiting:
         return []
@@ -195,10 +196,10 @@ def plan_migrate(running: Sequence[Running], workers: Iterable[WorkerSlot], wait
     for r in sorted((r for r in running if roles.get(r.worker) == "serving"), key=lambda r: (r.placed_at, r.key)):
         if not free:
             break
-        dst = max(free, key=lambda a: (free[a], a))
-        # Only into a batch no larger than the one it leaves: a busier dedicated worker could step it slower
-        if free[dst] < r.width or used[dst] + r.width > used.get(r.worker, 0):
+        fits = [a for a in free if free[a] >= r.width and used[a] + r.width <= used.get(r.worker, 0)]
+        if not fits:
             continue
+        dst = max(fits, key=lambda a: (free[a], a))
         out.append(Assignment(r.key, dst, "migrate"))
         free[dst] -= r.width
         used[dst] += r.width

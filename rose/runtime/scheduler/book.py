@@ -215,7 +215,8 @@ class PlacementBook:
         roles = {w.address: w.role for w in view}
         for addr, keys in self.shedding.items():
             if roles.get(addr) == "serving":
-                held[addr] -= sum(self.inflight[addr][k].width for k in keys if k in self.inflight[addr])
+                tasks = self.inflight.get(addr, {})
+                held[addr] -= sum(tasks[k].width for k in keys if k in tasks)
         slots = [WorkerSlot(w.address, w.role, w.slots, max(0, w.used + held[w.address]), w.weight_version)
                  for w in view]
         running = [Running(k, addr, t.width, t.placed_at) for addr, tasks in self.inflight.items()
