@@ -61,7 +61,7 @@ def one(cfg: SimConfig):
 # where ideal gains least, rose's best split there.
 ABLATIONS = (("defaults", {}), ("synchronous (staleness 0)", {"staleness": 0}),
              ("one rollout step a serving step", {"coserve_steps": 1}),
-             ("at most 8 rollout steps a serving step", {"coserve_steps": 8}),
+             ("at most 16 rollout steps a serving step", {"coserve_steps": 16}),
              ("learnt TPOT margin (off by default)", {"slo_learn_margin": True}),
              ("tail migration on", {"migrate_tail": True}),
              ("no cache affinity", {"affinity": False}), ("dense sync", {"sparse_sync": False}),

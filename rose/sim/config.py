@@ -61,7 +61,7 @@ class SimConfig:
     # What a co-serving iteration costs beyond its two engine steps (the executor's own work, the HTTP
     # front end; ms): the runtime's controller learns it (`observe_iteration`) and budgets for it
     coserve_overhead_ms: float = 0.0
-    coserve_steps: int = 16  # SloConfig.max_rollout_steps: rollout steps between two serving steps at most
+    coserve_steps: int = 8  # SloConfig.max_rollout_steps: rollout steps between two serving steps at most
     # --- links (Gbit/s)
     intra_gbit: float = 400.0  # each instance's NIC inside a cluster
     inter_gbit: float = 200.0  # between clusters (job <-> serving, job <-> cloud)
