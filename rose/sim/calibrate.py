@@ -27,13 +27,15 @@ from rose.sim.platform import build
 from rose.sim.serving import RequestShape
 
 # elastic_e2e's default pipeline (guess: 16 groups of 8, up to 5 turns of a few tokens) and setups, with the
-# runtime's defaults (several rollout steps beside a serving step, no tail migration); `calibrate` sets the
-# TPOT margin to the one the host's serving worker learnt, where the profile has it.
+# runtime the runs were made with (3f41ae1, c6a3084): up to 16 rollout steps beside a serving step (8 by
+# default since b757d6a), no tail migration; `calibrate` sets the TPOT margin to the one the host's serving
+# worker learnt, where the profile has it.
 GUESS = SimConfig(name="elastic_e2e", platform="cpu", job_gpus=1, serving_gpus=1, steps=12, prompts=16,
                   group_size=8, turns_min=1, turns_max=5, tokens_per_turn=3.0, length_sigma=0.0, max_tokens=20,
                   prompt_tokens=10, env_latency_s=0.0, trace="azure", serving_rps=33.0, serving_token_scale=0.03,
                   ttft_ms=300.0, tpot_ms=30.0, elastic_max_gpus=1, allocation_delay_s=15.0,
-                  allocation_delay_fixed=True, idle_release_s=60.0, max_num_seqs=64, load_tick_s=1.0, tick_s=0.05)
+                  allocation_delay_fixed=True, idle_release_s=60.0, max_num_seqs=64, load_tick_s=1.0, tick_s=0.05,
+                  coserve_steps=16)
 SETUPS = {  # (elastic_e2e policy, staleness) -> simulator policy and settings
     ("fixed", 0): dict(policies=("fixed_sync",), max_num_seqs=256, serving_gpus=0),
     ("fixed", 1): dict(policies=("fixed_async",), max_num_seqs=256, serving_gpus=0),

@@ -302,7 +302,8 @@ def test_the_executor_runs_the_planned_rollout_steps_back_to_back_and_a_serving_
 
 
 def test_the_executor_checks_each_serving_period_against_its_plan():
-    ex = CoServingExecutor(FakeEngine(), FakeEngine(), SloController(SloConfig(ttft_ms=1000, tpot_ms=50)))
+    ex = CoServingExecutor(FakeEngine(), FakeEngine(),
+                           SloController(SloConfig(ttft_ms=1000, tpot_ms=50, learn_margin=True)))
     try:
         ex.generate([1], SamplingSpec(max_tokens=50))
         ex.serve([1, 2], SamplingSpec(max_tokens=200)).collect(timeout=10)

@@ -120,7 +120,7 @@ class SloController:
         dev = max(0.0, extra - self.overhead_ms)
         self.overhead_ms = decay * self.overhead_ms + (1 - decay) * extra
         self.overhead_dev_ms = decay * self.overhead_dev_ms + (1 - decay) * dev
-        if predicted_ms is not None:
+        if predicted_ms is not None and self.slo.learn_margin:  # a fixed margin has nothing to learn
             self.margin_learner.observe(predicted_ms, period_ms)
 
     def _budget(self, serving_ms: float) -> float:
