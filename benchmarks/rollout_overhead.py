@@ -47,7 +47,7 @@ def serve_direct(model_dir, engine_cfg, max_len, n, seed):
     from vllm import LLM, SamplingParams
 
     from rose.envs import make_env
-    from rose.envs.tokens import encode
+    from rose.models.tokens import encode
     from rose.runtime.engine.vllm_engine import engine_kwargs
 
     llm = LLM(**engine_kwargs(model_dir, engine_cfg, max_len, seed))  # ROSE's engine, argument for argument

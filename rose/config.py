@@ -30,6 +30,11 @@ class ModelConfig:
     warmstart_steps: int = 300  # supervised steps on environment demonstrations (tiny model only)
     warmstart_batch: int = 128  # demonstrations per supervised step
     warmstart_lr: float = 1e-3
+    # Tiny model only. "word": a word-level vocabulary and a Llama model, turns in plain text (fast, the
+    # default pipelines). "bpe": a byte-level BPE vocabulary learnt on the environment's demonstrations and
+    # a Qwen2 model, turns in a ChatML chat template: the path a user's instruct model takes.
+    tokenizer: str = "word"
+    bpe_vocab_size: int = 512  # tokenizer="bpe": vocabulary entries (256 bytes + 3 specials + merges)
     cache_dir: str = field(default_factory=lambda: os.environ.get("ROSE_CACHE", os.path.expanduser("~/.cache/rose")))
 
     def __post_init__(self):
@@ -38,6 +43,9 @@ class ModelConfig:
             _positive(c, name, getattr(self, name))
         _positive(c, "warmstart_steps", self.warmstart_steps, allow_zero=True)
         _positive(c, "warmstart_lr", self.warmstart_lr)
+        config_check(self.tokenizer in ("word", "bpe"), c, "tokenizer", self.tokenizer, "'word' or 'bpe'")
+        config_check(isinstance(self.bpe_vocab_size, int) and self.bpe_vocab_size >= 260, c, "bpe_vocab_size",
+                     self.bpe_vocab_size, "an int >= 260 (256 bytes, 3 special tokens, a merge)")
         config_check(self.hidden_size % self.num_heads == 0, c, "num_heads", self.num_heads,
                      f"a divisor of hidden_size={self.hidden_size}")
         config_check(self.hidden_size // self.num_heads >= 32, c, "hidden_size", self.hidden_size,

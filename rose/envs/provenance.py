@@ -24,7 +24,7 @@ from collections.abc import Mapping
 import numpy as np
 import pyarrow as pa
 
-from rose.envs.tokens import encode
+from rose.models.turns import turn_format
 
 # Columns a replay reads. `env_kwargs` (a JSON object per row) is read when present, see
 # `check_provenance`.
@@ -157,8 +157,8 @@ def _replay(row: dict, turns: list[tuple[int, int, int]], tokenizer, kwargs: dic
     except Exception as e:
         raise _Mismatch(f"cannot replay: environment {env_name!r} with kwargs {kwargs} failed to start: "
                         f"{type(e).__name__}: {e}") from None
-    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
-    prompt, recorded = bos + encode(tokenizer, first), tokens[:turns[0][0]] if turns else tokens
+    fmt = turn_format(tokenizer)  # the agent loop's (rose.models.turns): plain text or the chat template
+    prompt, recorded = fmt.prompt(first), tokens[:turns[0][0]] if turns else tokens
     if prompt != recorded:
         raise _Mismatch(f"the prompt is not the environment's first observation "
                         f"{_first_difference(recorded, prompt, 0, tokenizer)}")
@@ -175,7 +175,7 @@ def _replay(row: dict, turns: list[tuple[int, int, int]], tokenizer, kwargs: dic
         except Exception as e:
             raise _Mismatch(f"replay of turn {t} (action {action!r}) raised {type(e).__name__}: {e}") from None
         paid += float(result.reward)
-        expected = encode(tokenizer, result.observation)
+        expected = fmt.after(tokens[start:gen_end], result.observation, bool(result.done))
         if tokens[gen_end:stop] != expected:
             raise _Mismatch(f"the observation after turn {t} is not what the environment answers to {action!r} "
                             f"{_first_difference(tokens[gen_end:stop], expected, gen_end, tokenizer)}")

@@ -57,16 +57,25 @@ def prepare_model(cfg: ModelConfig, env_cls: type, seed: int = 0, progress: bool
     key = json.dumps({"env": env_name, "vocab": env_cls.vocabulary(), "hidden": cfg.hidden_size,
                       "layers": cfg.num_layers, "heads": cfg.num_heads, "len": cfg.max_model_len,
                       "steps": cfg.warmstart_steps, "batch": cfg.warmstart_batch, "lr": cfg.warmstart_lr,
-                      "seed": seed, "format": 1}, sort_keys=True)
+                      "seed": seed, "format": 1}
+                     | ({"tokenizer": "bpe", "bpe_vocab": cfg.bpe_vocab_size} if cfg.tokenizer == "bpe" else {}),
+                     sort_keys=True)
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]
     out = os.path.join(cfg.cache_dir, "models", f"{env_name}-{digest}")
     if os.path.isfile(os.path.join(out, _COMPLETE)):
         return out
-    from rose.models.tiny import build_model, build_tokenizer
     from rose.models.warmstart import warm_start
 
-    tok = build_tokenizer(env_cls.vocabulary())
-    model = build_model(cfg, tok, seed=seed)
+    if cfg.tokenizer == "bpe":
+        from rose.models.bpe import build_bpe_tokenizer, build_qwen2, demonstration_corpus
+
+        tok = build_bpe_tokenizer(demonstration_corpus(env_cls, seed=seed), cfg.bpe_vocab_size)
+        model = build_qwen2(cfg, tok, seed=seed)
+    else:
+        from rose.models.tiny import build_model, build_tokenizer
+
+        tok = build_tokenizer(env_cls.vocabulary())
+        model = build_model(cfg, tok, seed=seed)
     losses = warm_start(model, tok, env_cls, cfg.warmstart_steps, cfg.warmstart_batch, cfg.warmstart_lr,
                         seed=seed, progress=progress)
     # Write beside the target and rename: a crash mid-write never leaves a half model in the cache.

@@ -13,12 +13,27 @@ from tqdm.auto import tqdm
 
 
 def encode_demo(tokenizer, segments: list[tuple[str, bool]]) -> tuple[list[int], list[int]]:
-    """(text, is_policy) segments -> token ids (BOS first) and a 0/1 mask of policy tokens."""
-    ids, mask = [tokenizer.bos_token_id], [0]
-    for text, is_policy in segments:
-        seg = tokenizer(text, add_special_tokens=False)["input_ids"]
-        ids += seg
-        mask += [int(is_policy)] * len(seg)
+    """(text, is_policy) segments -> token ids and a 0/1 mask of policy tokens, built as the agent loop
+    builds a rollout's ids (`rose.models.turns`: plain text, or the tokenizer's chat template). The first
+    segment is the environment's first observation; an environment segment answers the turn before it."""
+    from rose.models.turns import turn_format
+
+    fmt = turn_format(tokenizer)
+    if not segments or segments[0][1]:
+        raise ValueError(f"a demonstration starts with the environment's first observation, got {segments[:1]!r}")
+    ids = fmt.prompt(segments[0][0])
+    mask = [0] * len(ids)
+    rest = segments[1:]
+    for i, (text, is_policy) in enumerate(rest):
+        if not is_policy:
+            continue  # an answer: appended with the turn before it
+        gen = fmt.action(text)
+        answered = i + 1 < len(rest) and not rest[i + 1][1]
+        observation = rest[i + 1][0] if answered else ""
+        done = not any(p for _, p in rest[i + 1:])
+        tail = fmt.after(gen, observation, done)
+        ids += gen + tail
+        mask += [1] * len(gen) + [0] * len(tail)
     return ids, mask
 
 

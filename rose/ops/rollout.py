@@ -31,7 +31,7 @@ import pyarrow as pa
 from rose.errors import EngineError, EnvError, PromptTooLongError
 from rose.envs.base import StepResult, inline_by_name, is_inline, replay
 from rose.envs.deadline import DeadlineExceeded, call_with_deadline
-from rose.envs.tokens import encode
+from rose.models.turns import turn_format
 from rose.ops.reward import as_reward
 from rose.runtime.engine.base import SamplingSpec
 from rose.runtime.protocol import Annotation, resume_key
@@ -169,8 +169,7 @@ async def agent_loop(spec: RolloutSpec, env, engine_loop, tokenizer, max_model_l
     environment is rebuilt by replaying the actions so far (environments are deterministic in seed
     and actions), then the episode goes on from the next turn.
     """
-    stop_ids = tuple(t for t in (tokenizer.convert_tokens_to_ids("\n"), tokenizer.eos_token_id)
-                     if isinstance(t, int) and t != tokenizer.unk_token_id)
+    turns = turn_format(tokenizer)  # plain text, or the tokenizer's chat template (rose.models.turns)
     t0 = time.perf_counter()
     inline = is_inline(type(env))
     first_turn = 0
@@ -183,8 +182,7 @@ async def agent_loop(spec: RolloutSpec, env, engine_loop, tokenizer, max_model_l
                                f"observation as a string", trajectory_id=spec.trajectory_id, env=spec.env, turn=0)
             traj.prompt, truth = first, getattr(env, "ground_truth", None)
             traj.ground_truth = None if truth is None else str(truth)
-            bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
-            traj.add_context(bos + encode(tokenizer, first))
+            traj.add_context(turns.prompt(first))
             if len(traj.token_ids) >= max_model_len:
                 raise PromptTooLongError(f"prompt of {len(traj.token_ids)} tokens does not fit the model's "
                                          f"context (max_model_len={max_model_len})", trajectory_id=traj.trajectory_id,
@@ -203,7 +201,7 @@ async def agent_loop(spec: RolloutSpec, env, engine_loop, tokenizer, max_model_l
                 traj.rollout_s += time.perf_counter() - t0
                 return Partial(traj, turn)
             sampling = SamplingSpec(max_tokens=env.max_action_tokens, temperature=spec.temperature,
-                                    top_p=spec.top_p, stop_token_ids=stop_ids, seed=spec.turn_seed(turn))
+                                    top_p=spec.top_p, stop_token_ids=turns.stop_ids, seed=spec.turn_seed(turn))
             gen = await _generate(engine_loop, traj.token_ids, sampling, f"{traj.trajectory_id}-t{turn}",
                                   spec.request_timeout_s)
             traj.add_generated(gen.token_ids, gen.logprobs, gen.weight_versions)
@@ -214,7 +212,7 @@ async def agent_loop(spec: RolloutSpec, env, engine_loop, tokenizer, max_model_l
             result = _checked_step(spec, turn, await env_call(spec, "step", turn, env.step, action, inline=inline))
             traj.env_reward += float(result.reward)
             traj.observations.append(result.observation)
-            traj.add_context(encode(tokenizer, result.observation))
+            traj.add_context(turns.after(gen.token_ids, result.observation, bool(result.done)))
             if result.done:
                 traj.finish_reason = "done"
                 break

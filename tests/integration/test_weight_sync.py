@@ -31,7 +31,7 @@ def two_site_cluster():
 
 
 def _greedy(prompts):
-    from rose.envs.tokens import encode
+    from rose.models.tokens import encode
     from rose.runtime.engine import SamplingSpec
     from rose.runtime.worker.plugin import rose_worker
 

@@ -5,7 +5,7 @@ import random
 from rose.envs.calc import CalcEnv
 from rose.envs.guess import GuessEnv
 from rose.models.tiny import BOS, EOS, UNK, build_tokenizer
-from rose.envs.tokens import encode
+from rose.models.tokens import encode
 from tests.unit.test_engine_loop import WordTokenizer
 
 
