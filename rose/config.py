@@ -131,6 +131,12 @@ class GRPOConfig:
     overlong_max_tokens: int = 0
     overlong_buffer: int = 0  # tokens
     overlong_penalty: float = 1.0  # reward units
+    # Forward and backward passes on slices of the batch of at most this many padded tokens each
+    # (rows x longest row), gradients accumulated: peak activation memory stays flat as the batch grows.
+    # None: the whole batch at once. The update is the same either way (to float rounding).
+    max_tokens_per_microbatch: int | None = None
+    # Recompute activations in the backward pass instead of keeping them (less memory, ~30 % more compute)
+    gradient_checkpointing: bool = False
 
     def __post_init__(self):
         c = "GRPOConfig"
@@ -156,6 +162,11 @@ class GRPOConfig:
                      c, "overlong_buffer", self.overlong_buffer,
                      f"an int in [0, overlong_max_tokens={self.overlong_max_tokens}]")
         _positive(c, "overlong_penalty", self.overlong_penalty, allow_zero=True)
+        config_check(self.max_tokens_per_microbatch is None or (isinstance(self.max_tokens_per_microbatch, int)
+                                                                and self.max_tokens_per_microbatch >= 1),
+                     c, "max_tokens_per_microbatch", self.max_tokens_per_microbatch, "None or an int >= 1")
+        config_check(isinstance(self.gradient_checkpointing, bool), c, "gradient_checkpointing",
+                     self.gradient_checkpointing, "True or False")
 
     @property
     def clip_upper(self) -> float:

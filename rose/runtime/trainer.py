@@ -1,6 +1,12 @@
-"""The policy in training mode on the trainer worker: model, optimizer, one GRPO step per RL step."""
+"""The policy in training mode on the trainer worker: model, optimizer, one GRPO step per RL step.
+
+The model lives on the worker's device: its CUDA device where it has one (forward passes in bf16
+autocast, master weights and AdamW state in float32), the CPU otherwise. A step runs in micro-batches
+under `GRPOConfig.max_tokens_per_microbatch` (rose/runtime/microbatch.py), gradients accumulated, one
+optimizer step per inner epoch."""
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import time
@@ -14,6 +20,7 @@ import torch
 from rose.config import GRPOConfig
 from rose.runtime.dapo import overlong_penalty, varied_groups
 from rose.runtime.grpo import group_advantages, grpo_loss, token_logprobs
+from rose.runtime.microbatch import plan_microbatches
 from rose.runtime.trajectory import flat_tokens
 
 TRAINER_STATE = "trainer.pt"  # in a checkpoint directory, beside the model's files
@@ -34,12 +41,14 @@ def _pad(values: np.ndarray, offsets: np.ndarray, pad, dtype) -> torch.Tensor:
 class Trainer:
     """Holds fp32 weights and AdamW state; `step` applies GRPO to one batch of trajectories."""
 
-    def __init__(self, model_dir: str, seed: int = 0, temperature: float = 1.0):
+    def __init__(self, model_dir: str, seed: int = 0, temperature: float = 1.0, device: str | None = None):
         from transformers import AutoModelForCausalLM
 
         torch.manual_seed(seed)
         self.model_dir = model_dir
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        # The worker's device: "cuda" (its current device) where there is one, else "cpu".
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(self.device)
         self.model.eval()
         self.temperature = temperature  # of the behaviour policy; the trainer scores at the same
         self.version = 0  # weights version the trainer holds; engines start at 0 too
@@ -65,8 +74,8 @@ class Trainer:
         """Continue from a directory `save` wrote: the same weights, optimizer state, RNG and version."""
         from transformers import AutoModelForCausalLM
 
-        state = torch.load(os.path.join(path, TRAINER_STATE), weights_only=False)
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        state = torch.load(os.path.join(path, TRAINER_STATE), weights_only=False, map_location="cpu")
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(self.device)
         self.model.eval()
         self.opt, self._opt_state = None, state["optimizer"]
         torch.set_rng_state(state["torch_rng"])
@@ -76,6 +85,8 @@ class Trainer:
         """One GRPO update on the trajectories in `table` (failed ones are skipped). Returns metrics."""
         t0 = time.perf_counter()
         if self.opt is None:
+            if cfg.gradient_checkpointing:
+                self.model.gradient_checkpointing_enable()
             self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=0.0)
             if self._opt_state is not None:  # restored: AdamW's moments and step counts as they were
                 self.opt.load_state_dict(self._opt_state)
@@ -92,29 +103,57 @@ class Trainer:
         rewards = torch.from_numpy(shaped.astype(np.float32))
         groups = torch.from_numpy(ok["group_id"].to_numpy().astype(np.int64))
         adv = group_advantages(rewards, groups, cfg.adv_eps)
+        lengths = np.diff(flat_tokens(ok, "token_ids")[1])
+        plan = plan_microbatches(lengths, cfg.max_tokens_per_microbatch)
+        # Each slice's loss is its own mean; weighted by its share of the batch's tokens (token
+        # aggregation) or of its trained rows (sequence), the slices' gradients add up to the batch's.
+        if cfg.aggregation == "sequence":
+            share = [float((mask[i].sum(1) > 0).sum()) for i in plan]
+        else:
+            share = [float(mask[i].sum()) for i in plan]
+        share = [x / max(sum(share), 1.0) for x in share]
+        metrics |= {"microbatches": len(plan), "zero_adv_groups": float((adv == 0).float().mean())}
 
         self.model.train()
-        losses, stats = [], {}
+        losses, stats, old = [], {}, [None] * len(plan)
+        mismatch, mismatch_max = 0.0, 0.0
         for epoch in range(cfg.inner_epochs):
-            lp = token_logprobs(self.model(input_ids=ids).logits, ids, self.temperature)
-            if epoch == 0:
-                # The first epoch's forward runs at the weights the batch started from: its log-probs
-                # are the "old" ones of the PPO ratio (no separate no-grad forward pass).
-                old = lp.detach()
-                n = mask.sum().clamp(min=1)
-                diff = (old - behav).abs() * mask
-                metrics |= {"logprob_mismatch": float(diff.sum() / n), "logprob_mismatch_max": float(diff.max()),
-                            "zero_adv_groups": float((adv == 0).float().mean())}
-            loss, stats = grpo_loss(lp, old, behav, adv, mask, cfg.clip, cfg.tis_cap, cfg.clip_upper, cfg.aggregation)
             self.opt.zero_grad()
-            loss.backward()
+            epoch_loss, stats = 0.0, {}
+            for k, rows in enumerate(plan):
+                width = int(lengths[rows].max())
+                mb_ids, mb_mask, mb_behav, mb_adv = (x.to(self.device) for x in (
+                    ids[rows, :width], mask[rows, :width], behav[rows, :width], adv[rows]))
+                with self._autocast():
+                    logits = self.model(input_ids=mb_ids).logits
+                lp = token_logprobs(logits, mb_ids, self.temperature)
+                if epoch == 0:
+                    # The first epoch's forward runs at the weights the batch started from: its log-probs
+                    # are the "old" ones of the PPO ratio (no separate no-grad forward pass).
+                    old[k] = lp.detach()
+                    diff = (old[k] - mb_behav).abs() * mb_mask
+                    mismatch += float(diff.sum())
+                    mismatch_max = max(mismatch_max, float(diff.max()))
+                loss, mb_stats = grpo_loss(lp, old[k], mb_behav, mb_adv, mb_mask, cfg.clip, cfg.tis_cap,
+                                           cfg.clip_upper, cfg.aggregation)
+                (loss * share[k]).backward()
+                epoch_loss += loss.item() * share[k]
+                tokens = float(mb_mask.sum()) / max(float(mask.sum()), 1.0)  # stats are token means
+                stats = {n: stats.get(n, 0.0) + v * tokens for n, v in mb_stats.items()}
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
             self.opt.step()
-            losses.append(loss.item())
+            losses.append(epoch_loss)
         self.model.eval()
         self.version += 1
+        metrics |= {"logprob_mismatch": mismatch / max(float(mask.sum()), 1.0), "logprob_mismatch_max": mismatch_max}
         return metrics | stats | {"loss": float(np.mean(losses)), "grad_norm": float(grad_norm),
                                   "train_s": time.perf_counter() - t0, "weight_version": self.version}
+
+    def _autocast(self):
+        """bf16 autocast on a CUDA device (float32 master weights); nothing on the CPU."""
+        if self.device.type == "cuda":
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
 
 
 def _trainable(table: pa.Table, cfg: GRPOConfig) -> tuple[pa.Table, dict]:

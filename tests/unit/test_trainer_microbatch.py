@@ -1,0 +1,93 @@
+"""The trainer's micro-batches (rose/runtime/microbatch.py): the plan covers every row once within its
+token budget, and a step run in micro-batches makes the same update as the whole batch at once."""
+import random
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rose.config import GRPOConfig, ModelConfig
+from rose.models.tiny import build_model, build_tokenizer
+from rose.runtime.microbatch import plan_microbatches
+from rose.runtime.trainer import Trainer
+from rose.runtime.trajectory import Trajectory, to_batch
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(1, 300), max_size=60), st.integers(1, 2000))
+def test_every_row_once_and_each_slice_within_its_budget(lengths, budget):
+    plan = plan_microbatches(np.array(lengths), budget)
+    rows = np.concatenate(plan) if plan else np.array([])
+    assert sorted(rows.tolist()) == list(range(len(lengths)))
+    for rows in plan:
+        if len(rows) > 1:  # a row alone may exceed the budget: it cannot be split
+            assert len(rows) * max(lengths[i] for i in rows) <= budget
+
+
+def test_no_budget_is_one_slice_and_a_bad_budget_is_refused():
+    assert [r.tolist() for r in plan_microbatches(np.array([3, 1, 2]), None)] == [[0, 1, 2]]
+    with pytest.raises(ValueError, match="max_tokens"):
+        plan_microbatches(np.array([3]), 0)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    tok = build_tokenizer(["guess", "higher", "lower"])
+    path = tmp_path_factory.mktemp("tiny")
+    build_model(ModelConfig(hidden_size=64, num_heads=2), tok, seed=3).save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
+def _table(seed=0, groups=4, size=4):
+    """Trajectories of varied lengths (5-40 tokens) with random policy tokens and rewards."""
+    rng = random.Random(seed)
+    trajs, rewards = [], []
+    for g in range(groups):
+        for i in range(size):
+            t = Trajectory(0, g, i, "guess", g, "{}")
+            t.add_context([1] + [rng.randrange(5, 60) for _ in range(rng.randrange(2, 10))])
+            for _ in range(rng.randrange(1, 4)):
+                n = rng.randrange(1, 8)
+                t.add_generated([rng.randrange(5, 60) for _ in range(n)], [-rng.uniform(0.5, 4) for _ in range(n)],
+                                [0] * n)
+                t.add_context([rng.randrange(5, 60) for _ in range(rng.randrange(0, 5))])
+            t.finish_reason = "done"
+            trajs.append(t)
+            rewards.append(rng.choice([0.0, 0.5, 1.0]))
+    return pa.Table.from_batches([to_batch(trajs, rewards)])
+
+
+@pytest.mark.parametrize("agg", ["token", "sequence"])
+def test_micro_batches_make_the_same_update(model_dir, agg):
+    table = _table()
+    whole, sliced = Trainer(model_dir, device="cpu"), Trainer(model_dir, device="cpu")
+    cfg = GRPOConfig(lr=1e-3, inner_epochs=2, loss_agg=agg)
+    m_whole = whole.step(table, cfg)
+    m_sliced = sliced.step(table, GRPOConfig(lr=1e-3, inner_epochs=2, loss_agg=agg, max_tokens_per_microbatch=60))
+    assert m_whole["microbatches"] == 1 and m_sliced["microbatches"] >= 5
+    for name in ("loss", "grad_norm", "clip_frac", "tis_mean", "logprob_mismatch"):
+        assert m_sliced[name] == pytest.approx(m_whole[name], rel=1e-4, abs=1e-6), name
+    before = Trainer(model_dir, device="cpu").model.state_dict()
+    moved = 0.0
+    for (name, a), b in zip(whole.model.state_dict().items(), sliced.model.state_dict().values()):
+        assert torch.allclose(a, b, atol=2e-6), (name, (a - b).abs().max())
+        moved = max(moved, float((a - before[name]).abs().max()))
+    assert moved > 1e-4  # the step did change the weights: the comparison is not of two untouched models
+
+
+@pytest.mark.gpu
+def test_the_trainer_steps_on_the_gpu_as_on_the_cpu(model_dir):
+    # bf16 autocast on CUDA against float32 on the CPU: the same update to bf16 rounding.
+    table = _table(seed=1)
+    cpu, gpu = Trainer(model_dir, device="cpu"), Trainer(model_dir)
+    assert gpu.device.type == "cuda" and next(gpu.model.parameters()).is_cuda
+    cfg = GRPOConfig(lr=1e-3, inner_epochs=2, max_tokens_per_microbatch=200)
+    m_cpu, m_gpu = cpu.step(table, cfg), gpu.step(table, cfg)
+    assert m_gpu["microbatches"] == m_cpu["microbatches"] > 1
+    assert m_gpu["logprob_mismatch"] == pytest.approx(m_cpu["logprob_mismatch"], rel=0.05)
+    for (name, a), b in zip(cpu.model.state_dict().items(), gpu.model.state_dict().values()):
+        assert b.dtype == torch.float32 and torch.allclose(a, b.cpu(), atol=5e-3), name
