@@ -114,4 +114,4 @@ def make_env(name: str, **kwargs) -> Env:
 
 
 def _load_builtin() -> None:
-    from rose.envs import calc, guess  # noqa: F401  (registration side effect)
+    from rose.envs import calc, frozenlake, guess  # noqa: F401  (registration side effect)
