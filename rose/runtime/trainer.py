@@ -20,7 +20,7 @@ import torch
 from rose.config import GRPOConfig
 from rose.runtime.dapo import overlong_penalty, varied_groups
 from rose.runtime.grpo import group_advantages, grpo_loss, token_logprobs
-from rose.runtime.microbatch import plan_microbatches
+from rose.runtime.sharding import all_max, all_sum, full_state_dict, rank_passes, shard, world_and_rank
 from rose.runtime.trajectory import flat_tokens
 
 TRAINER_STATE = "trainer.pt"  # in a checkpoint directory, beside the model's files
@@ -49,6 +49,10 @@ class Trainer:
         # The worker's device: "cuda" (its current device) where there is one, else "cpu".
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(self.device)
+        # Ranks of a process group (rose/runtime/sharding.py): each holds 1/world of the model (FSDP2).
+        self.world, self.rank = world_and_rank()
+        if self.world > 1:
+            shard(self.model, self.device)
         self.model.eval()
         self.temperature = temperature  # of the behaviour policy; the trainer scores at the same
         self.version = 0  # weights version the trainer holds; engines start at 0 too
@@ -60,6 +64,8 @@ class Trainer:
         """Write everything the next step depends on into the (new, empty) directory `path`: the weights
         as a model directory (config, safetensors, tokenizer: engines and `from_pretrained` load it as
         is) and `trainer.pt` (optimizer state, RNG state, weight version)."""
+        if self.world > 1:
+            raise NotImplementedError(f"checkpoints of a trainer sharded over {self.world} ranks are not built yet")
         self.model.save_pretrained(path, safe_serialization=True)
         for name in os.listdir(self.model_dir):  # the tokenizer's files, and anything else not weights
             src = os.path.join(self.model_dir, name)
@@ -74,8 +80,12 @@ class Trainer:
         """Continue from a directory `save` wrote: the same weights, optimizer state, RNG and version."""
         from transformers import AutoModelForCausalLM
 
+        if self.world > 1:
+            raise NotImplementedError(f"checkpoints of a trainer sharded over {self.world} ranks are not built yet")
         state = torch.load(os.path.join(path, TRAINER_STATE), weights_only=False, map_location="cpu")
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(self.device)
+        if self.world > 1:
+            shard(self.model, self.device)
         self.model.eval()
         self.opt, self._opt_state = None, state["optimizer"]
         torch.set_rng_state(state["torch_rng"])
@@ -104,23 +114,21 @@ class Trainer:
         groups = torch.from_numpy(ok["group_id"].to_numpy().astype(np.int64))
         adv = group_advantages(rewards, groups, cfg.adv_eps)
         lengths = np.diff(flat_tokens(ok, "token_ids")[1])
-        plan = plan_microbatches(lengths, cfg.max_tokens_per_microbatch)
-        # Each slice's loss is its own mean; weighted by its share of the batch's tokens (token
-        # aggregation) or of its trained rows (sequence), the slices' gradients add up to the batch's.
-        if cfg.aggregation == "sequence":
-            share = [float((mask[i].sum(1) > 0).sum()) for i in plan]
-        else:
-            share = [float(mask[i].sum()) for i in plan]
-        share = [x / max(sum(share), 1.0) for x in share]
-        metrics |= {"microbatches": len(plan), "zero_adv_groups": float((adv == 0).float().mean())}
+        # Each pass's loss is its own mean, weighted by its share of the batch's tokens (token
+        # aggregation) or trained rows (sequence): the passes' gradients add up to the batch's.
+        trained = mask.sum(1).numpy()
+        passes = rank_passes(lengths, trained if cfg.aggregation == "token" else (trained > 0), self.world,
+                             self.rank, cfg.max_tokens_per_microbatch)
+        n_tokens = max(float(mask.sum()), 1.0)
+        metrics |= {"microbatches": len(passes), "zero_adv_groups": float((adv == 0).float().mean())}
 
         self.model.train()
-        losses, stats, old = [], {}, [None] * len(plan)
+        losses, stats, old = [], {}, [None] * len(passes)
         mismatch, mismatch_max = 0.0, 0.0
         for epoch in range(cfg.inner_epochs):
             self.opt.zero_grad()
             epoch_loss, stats = 0.0, {}
-            for k, rows in enumerate(plan):
+            for k, (rows, share) in enumerate(passes):
                 width = int(lengths[rows].max())
                 mb_ids, mb_mask, mb_behav, mb_adv = (x.to(self.device) for x in (
                     ids[rows, :width], mask[rows, :width], behav[rows, :width], adv[rows]))
@@ -131,23 +139,33 @@ class Trainer:
                     # The first epoch's forward runs at the weights the batch started from: its log-probs
                     # are the "old" ones of the PPO ratio (no separate no-grad forward pass).
                     old[k] = lp.detach()
-                    diff = (old[k] - mb_behav).abs() * mb_mask
-                    mismatch += float(diff.sum())
-                    mismatch_max = max(mismatch_max, float(diff.max()))
+                    if share:
+                        diff = (old[k] - mb_behav).abs() * mb_mask
+                        mismatch += float(diff.sum())
+                        mismatch_max = max(mismatch_max, float(diff.max()))
                 loss, mb_stats = grpo_loss(lp, old[k], mb_behav, mb_adv, mb_mask, cfg.clip, cfg.tis_cap,
                                            cfg.clip_upper, cfg.aggregation)
-                (loss * share[k]).backward()
-                epoch_loss += loss.item() * share[k]
-                tokens = float(mb_mask.sum()) / max(float(mask.sum()), 1.0)  # stats are token means
+                (loss * share).backward()
+                epoch_loss += loss.item() * share / self.world
+                tokens = float(mb_mask.sum()) / n_tokens if share else 0.0  # stats are token means
                 stats = {n: stats.get(n, 0.0) + v * tokens for n, v in mb_stats.items()}
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
             self.opt.step()
             losses.append(epoch_loss)
         self.model.eval()
         self.version += 1
-        metrics |= {"logprob_mismatch": mismatch / max(float(mask.sum()), 1.0), "logprob_mismatch_max": mismatch_max}
-        return metrics | stats | {"loss": float(np.mean(losses)), "grad_norm": float(grad_norm),
+        names = sorted(stats)
+        summed = all_sum([mismatch, *losses, *(stats[n] for n in names)], self.device)
+        stats = dict(zip(names, summed[1 + len(losses):]))
+        grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+        metrics |= {"logprob_mismatch": summed[0] / n_tokens,
+                    "logprob_mismatch_max": all_max(mismatch_max, self.device)}
+        return metrics | stats | {"loss": float(np.mean(summed[1:1 + len(losses)])), "grad_norm": float(grad_norm),
                                   "train_s": time.perf_counter() - t0, "weight_version": self.version}
+
+    def full_state_dict(self) -> dict:
+        """Every weight whole (sharded: gathered from the ranks, a collective every rank calls)."""
+        return full_state_dict(self.model) if self.world > 1 else self.model.state_dict()
 
     def _autocast(self):
         """bf16 autocast on a CUDA device (float32 master weights); nothing on the CPU."""

@@ -69,8 +69,8 @@ def test_a_cut_turn_is_closed_and_an_ended_one_is_not_reopened(bpe):
 def test_a_template_that_rewrites_history_is_refused(bpe):
     # Drops earlier assistant turns' content once another message follows (as templates that strip
     # reasoning do): appending ids turn by turn would not match what the template renders.
-    rewriting = CHAT_TEMPLATE.replace("message['content']",
-                                      "('' if message['role'] == 'assistant' and not loop.last else message['content'])")
+    dropped = "('' if message['role'] == 'assistant' and not loop.last else message['content'])"
+    rewriting = CHAT_TEMPLATE.replace("message['content']", dropped)
     tok = build_bpe_tokenizer(demonstration_corpus(env_class("guess"), episodes=50), 300)
     tok.chat_template = rewriting
     with pytest.raises(ChatTemplateError, match="renders earlier turns differently"):

@@ -1,0 +1,82 @@
+"""The sharded trainer (rose/runtime/sharding.py): rows split across ranks by tokens, as many passes on
+every rank, and 2 ranks over gloo (real processes) making the same update as one trainer."""
+import socket
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rose.runtime.sharding import rank_passes, split_by_tokens
+from tests.unit.test_trainer_microbatch import _table
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(1, 300), max_size=50), st.integers(1, 4), st.sampled_from([None, 64, 500]))
+def test_each_row_on_one_rank_and_every_rank_has_as_many_passes(lengths, world, budget):
+    lengths = np.array(lengths, dtype=np.int64)
+    parts = split_by_tokens(lengths, world)
+    assert sorted(np.concatenate(parts).tolist()) == list(range(len(lengths)))
+    if len(lengths) >= world:  # balanced: no rank more than the longest row above another
+        loads = [int(lengths[p].sum()) for p in parts]
+        assert max(loads) - min(loads) <= lengths.max()
+    if not len(lengths):
+        return
+    weights = lengths.astype(float)
+    passes = [rank_passes(lengths, weights, world, r, budget) for r in range(world)]
+    assert len({len(p) for p in passes}) == 1
+    # The loss weights over all ranks' passes add up to world (FSDP averages the ranks' gradients).
+    assert sum(w for p in passes for _, w in p) == pytest.approx(world)
+
+
+def _rank(rank, world, port, model_dir, out):
+    import torch.distributed as dist
+
+    from rose.config import GRPOConfig
+    from rose.runtime.trainer import Trainer
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    trainer = Trainer(model_dir, device="cpu")
+    metrics = [trainer.step(_table(seed=s), GRPOConfig(lr=1e-3, inner_epochs=2, max_tokens_per_microbatch=150))
+               for s in range(2)]
+    weights = trainer.full_state_dict()
+    if rank == 0:
+        torch.save({"weights": weights, "metrics": metrics}, out)
+    dist.destroy_process_group()
+
+
+def test_two_ranks_make_the_same_updates_as_one_trainer(tmp_path):
+    import torch.multiprocessing as mp
+
+    from rose.config import GRPOConfig, ModelConfig
+    from rose.models.tiny import build_model, build_tokenizer
+    from rose.runtime.trainer import Trainer
+
+    tok = build_tokenizer(["guess", "higher", "lower"])
+    model_dir = str(tmp_path / "model")
+    build_model(ModelConfig(hidden_size=64, num_heads=2), tok, seed=3).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = str(tmp_path / "rank0.pt")
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_rank, args=(r, 2, port, model_dir, out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(300)
+    assert [p.exitcode for p in procs] == [0, 0]
+    sharded = torch.load(out)
+    one = Trainer(model_dir, device="cpu")
+    metrics = [one.step(_table(seed=s), GRPOConfig(lr=1e-3, inner_epochs=2)) for s in range(2)]
+    for a, b in zip(metrics, sharded["metrics"]):
+        assert b["microbatches"] > 1
+        for name in ("loss", "grad_norm", "logprob_mismatch", "clip_frac"):
+            assert b[name] == pytest.approx(a[name], rel=1e-4, abs=1e-6), name
+    ref = one.model.state_dict()
+    for name, w in sharded["weights"].items():
+        assert torch.allclose(ref[name], w, atol=2e-6), (name, float((ref[name] - w).abs().max()))
+    assert set(sharded["weights"]) == set(ref)
