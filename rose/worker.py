@@ -14,7 +14,7 @@ import sys
 
 import click
 
-from rose.runtime.coserve.host import ServingConfig
+from rose.runtime.coserve.host import ServingConfig, serving_engine_settings
 from rose.runtime.coserve.slo import RolloutCaps, SloConfig
 from rose.runtime.protocol import DEFAULT_SITE, PLUGIN_NAME, ROLES, ROLLOUT_ROLES, WORKER_LOG_ENV, ModelSpec
 from rose.runtime.worker.plugin import RoseWorker, prepare_worker, rose_worker, rose_worker_of
@@ -61,6 +61,10 @@ def _parse_cores(value: str | None) -> tuple[int, ...] | None:
               help="serving role: learn the share of the TPOT budget rollout leaves unused (SloConfig.learn_margin)")
 @click.option("--rose-rollout-seqs", type=int, default=64, show_default=True,
               help="serving role: at most this many rollout sequences in flight (the memory budget)")
+@click.option("--rose-serving-engine", default=None, help="serving role: its engine, e.g. "
+              "'dtype=bfloat16,max_num_seqs=64,gpu_memory_utilization=0.45,max_model_len=4096'")
+@click.option("--rose-rollout-gpu-memory", type=float, default=None,
+              help="serving role, GPU: the rollout engine's device memory fraction [default: the run's]")
 @click.option("--rose-reward-model", default=None, help="reward role: a sequence-classification model directory")
 @click.option("--rose-slots", type=click.IntRange(min=1), default=None,
               help="dedicated role: rollout sequences run at once [default: twice the engine's max_num_seqs]")
@@ -70,8 +74,8 @@ def _parse_cores(value: str | None) -> tuple[int, ...] | None:
               help="dedicated role: this worker shares its device with the trainer and takes no rollouts while "
                    "a train step runs (asynchronous runs overlap rollouts with training elsewhere)")
 async def dask_setup(worker, rose_role, rose_cores, rose_site, rose_serving_model, rose_http_port, rose_http_host,
-                     rose_ttft_ms, rose_tpot_ms, rose_learn_margin, rose_rollout_seqs, rose_reward_model, rose_slots,
-                     rose_elastic, rose_colocated):
+                     rose_ttft_ms, rose_tpot_ms, rose_learn_margin, rose_rollout_seqs, rose_serving_engine,
+                     rose_rollout_gpu_memory, rose_reward_model, rose_slots, rose_elastic, rose_colocated):
     if os.environ.get(WORKER_LOG_ENV):  # before anything loads vLLM or a model
         _log_to_file(os.environ[WORKER_LOG_ENV])
     if rose_colocated and rose_role != "dedicated":
@@ -80,9 +84,10 @@ async def dask_setup(worker, rose_role, rose_cores, rose_site, rose_serving_mode
     if rose_role == "serving":
         if not rose_serving_model:
             raise click.UsageError("--rose-role serving needs --rose-serving-model DIR")
+        engine, max_len = serving_engine_settings(rose_serving_engine)
         serving = ServingConfig(rose_serving_model, rose_http_host, rose_http_port,
                                 SloConfig(rose_ttft_ms, rose_tpot_ms, learn_margin=rose_learn_margin),
-                                RolloutCaps(max_seqs=rose_rollout_seqs))
+                                RolloutCaps(max_seqs=rose_rollout_seqs), engine, max_len, rose_rollout_gpu_memory)
     plugin = RoseWorker(role=rose_role, cores=_parse_cores(rose_cores), site=rose_site, elastic=rose_elastic,
                         max_slots=rose_slots, colocated=rose_colocated, serving=serving,
                         reward_model=rose_reward_model)

@@ -5,6 +5,7 @@ once a run prepares it) and the HTTP front end for online traffic.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -29,9 +30,57 @@ class ServingConfig:
     caps: RolloutCaps = field(default_factory=RolloutCaps)  # rollout's share of this device
     engine: EngineConfig = field(default_factory=EngineConfig)  # of the serving engine
     max_model_len: int | None = None  # None: the model's own
+    # GPU hosts: the device memory fraction of the rollout engine (vLLM's gpu_memory_utilization), in place
+    # of the run's EngineConfig's. The serving engine takes `engine.gpu_memory_utilization`; the two share
+    # one device, so together at most MAX_DEVICE_SHARE. None: the run's.
+    rollout_gpu_memory: float | None = None
 
     def __post_init__(self):
-        config_check(0 <= self.http_port < 65536, "ServingConfig", "http_port", self.http_port, "in [0, 65535]")
+        c = "ServingConfig"
+        config_check(0 <= self.http_port < 65536, c, "http_port", self.http_port, "in [0, 65535]")
+        config_check(self.rollout_gpu_memory is None or 0 < self.rollout_gpu_memory < 1, c, "rollout_gpu_memory",
+                     self.rollout_gpu_memory, "None or in (0, 1)")
+        if self.rollout_gpu_memory is not None:
+            check_device_split(self.engine.gpu_memory_utilization, self.rollout_gpu_memory)
+
+    def rollout_engine(self, run_engine: EngineConfig) -> EngineConfig:
+        """The rollout engine's settings on this worker: the run's, with this worker's memory share."""
+        if self.rollout_gpu_memory is None:
+            return run_engine
+        return dataclasses.replace(run_engine, gpu_memory_utilization=self.rollout_gpu_memory)
+
+
+MAX_DEVICE_SHARE = 0.95  # both engines' gpu_memory_utilization together (vLLM's own default is 0.9 for one)
+
+
+def check_device_split(serving: float, rollout: float) -> None:
+    """Both engines' device memory fractions fit one device together, or a ConfigError naming both."""
+    if serving + rollout > MAX_DEVICE_SHARE:
+        raise ConfigError(f"the serving engine's gpu_memory_utilization {serving:g} and the rollout engine's "
+                          f"{rollout:g} share one device: together at most {MAX_DEVICE_SHARE} "
+                          f"(--rose-serving-engine gpu_memory_utilization=..., --rose-rollout-gpu-memory)")
+
+
+def serving_engine_settings(text: str | None) -> tuple[EngineConfig, int | None]:
+    """`--rose-serving-engine "dtype=bfloat16,max_num_seqs=64,gpu_memory_utilization=0.4,max_model_len=4096"`:
+    the serving engine's EngineConfig (its fields by name) and max_model_len (None: the model's own)."""
+    fields = {f.name: f.type for f in dataclasses.fields(EngineConfig)}
+    kwargs, max_len = {}, None
+    for item in filter(None, (text or "").split(",")):
+        key, eq, value = (x.strip() for x in item.partition("="))
+        if not eq or (key not in fields and key != "max_model_len"):
+            raise ConfigError(f"--rose-serving-engine: {item!r} is not KEY=VALUE with KEY one of "
+                              f"{sorted([*fields, 'max_model_len'])}")
+        try:
+            parsed = value if key == "dtype" else (int(value) if key in ("max_num_seqs", "rollout_slots",
+                                                                          "max_model_len") else float(value))
+        except ValueError:
+            raise ConfigError(f"--rose-serving-engine: {key}={value!r} is not a number") from None
+        if key == "max_model_len":
+            max_len = parsed
+        else:
+            kwargs[key] = parsed
+    return EngineConfig(**kwargs), max_len
 
 
 def _model_max_len(model_dir: str) -> int:
@@ -88,8 +137,11 @@ class ServingHost(Host):
             # On a GPU both engines share device memory (each takes its `gpu_memory_utilization`), and the
             # rollout engine sleeps when a burst needs the memory. That path is untested here (no GPU vLLM).
             gpu = torch.cuda.is_available()
+            engine = self.cfg.rollout_engine(spec.engine)
+            if gpu:
+                check_device_split(self.cfg.engine.gpu_memory_utilization, engine.gpu_memory_utilization)
             self.executor.attach_rollout(
-                lambda: VllmEngine(spec.model_dir, spec.engine, spec.max_model_len, seed=spec.seed,
+                lambda: VllmEngine(spec.model_dir, engine, spec.max_model_len, seed=spec.seed,
                                    sleep_mode=gpu)).result()
             self.rollout_key = key
             if spec.weights_dir is not None or spec.version != 0:  # a resumed run: the checkpoint's weights
