@@ -211,6 +211,9 @@ class ClusterConfig:
     """The embedded local cluster (`LocalRoseCluster`)."""
 
     num_dedicated: int = 1  # rollout workers with a dedicated engine
+    # Trainer workers: more than one trains one model sharded over them (FSDP2; rank i binds to
+    # trainer_cores[i % len(trainer_cores)]). rose/runtime/worker/trainer_group.py
+    num_trainers: int = 1
     cores: tuple[int, ...] | None = None  # CPU cores to bind workers to; None = all of this host's
     # The trainer's cores; None: the last of `cores`. Rollout workers take `cores` round-robin from the first.
     trainer_cores: tuple[int, ...] | None = None
@@ -253,6 +256,8 @@ class ClusterConfig:
         config_check(self.dedicated_slots is None or self.dedicated_slots >= 1, c, "dedicated_slots",
                      self.dedicated_slots, ">= 1 or None")
         _positive(c, "num_dedicated", self.num_dedicated, allow_zero=True)
+        config_check(isinstance(self.num_trainers, int) and self.num_trainers >= 1, c, "num_trainers",
+                     self.num_trainers, "an int >= 1")
         _positive(c, "num_serving", self.num_serving, allow_zero=True)
         _positive(c, "serving_rollout_seqs", self.serving_rollout_seqs)
         config_check(self.num_dedicated + self.num_serving > 0, c, "num_dedicated", self.num_dedicated,

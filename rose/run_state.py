@@ -46,7 +46,10 @@ class RunState:
         trainer = wait_for_trainer(self.client, self.pipeline.cluster.worker_wait_s, gone=gone)
         if ckpt is not None:
             spec = replace(spec, weights_dir=ckpt.path, version=ckpt.weight_version)
-        rollout_workers = rollout_addresses(roles_of(self.client))
+        roles = roles_of(self.client)
+        rollout_workers = rollout_addresses(roles)
+        # The other trainer workers: ranks of a trainer sharded over them all, driven by this one.
+        spec = replace(spec, trainer_peers=tuple(a for a in roles.get("trainer", []) if a != trainer))
         self.fleet = Fleet(self.client, spec, trainer, [])
         self._lost_counted = self._refetches_counted = 0  # a new fleet counts from zero
         self.version = spec.version

@@ -66,6 +66,9 @@ class Step:
         # Without the placement plugin, rollouts may go to any rollout worker (Dask decides).
         self.roles = dict(fleet.roles)  # as of the poll that began this step
         self.roles["rollout"] = rollout_addresses(self.roles)
+        # The run's trainer alone: with a sharded trainer the other trainer workers are its peers, driven
+        # by it (rose/runtime/worker/trainer_group.py); a train task elsewhere would train one rank alone.
+        self.roles["trainer"] = [fleet.trainer]
         self.futures: dict = {}
         self.submitted_at: dict[str, float] = {}  # part -> perf_counter seconds
         self.rollout_s = None  # s from submission to the last rollout done

@@ -17,6 +17,7 @@ def train_step(cfg: GRPOConfig, *batches: pa.RecordBatch) -> dict:
     mode: this step trained alongside the previous step's sync; `WeightEndpoint.publish`)."""
     import time
 
+    from rose.runtime.worker import trainer_group as group
     from rose.runtime.worker.plugin import rose_worker
     from rose.runtime.worker.trainer import TrainerHost
 
@@ -26,15 +27,23 @@ def train_step(cfg: GRPOConfig, *batches: pa.RecordBatch) -> dict:
     trainer = w.host.trainer
     table = concat(list(batches))
     table, checked, bad = _check_provenance(table, w.host.tokenizer)
-    metrics = trainer.step(table, cfg)
+    # A sharded trainer's other ranks train on the same (checked) rows, each on its share.
+    peers = group.submit_to_peers(w.host.peers, group.peer_train, table, cfg) if w.host.peers else []
+    before = trainer.version
+    with group.peer_errors(peers):
+        metrics = trainer.step(table, cfg)
     metrics["provenance_checked"], metrics["provenance_failed"] = checked, bad
     # What the trainer received, row by row: the driver's ledger checks it against what was planned.
     metrics["trajectory_ids"] = table["trajectory_id"].to_pylist()
-    if trainer.version != w.weights.version:
+    if trainer.version != before:
         t0 = time.perf_counter()
-        w.weights.publish(trainer.model.state_dict(), trainer.version)
+        with group.peer_errors(peers):
+            full = trainer.full_state_dict()  # sharded: gathered from the ranks
+        w.weights.publish(full, trainer.version)
         metrics["publish_wait_s"] = w.weights.publish_wait_s
         metrics["publish_s"] = time.perf_counter() - t0 - w.weights.publish_wait_s
+    group.wait_for_peers(peers)
+    metrics["trainer_ranks"] = 1 + len(w.host.peers)
     return {"version": trainer.version, "metrics": metrics}
 
 
@@ -163,6 +172,12 @@ def save_checkpoint(path: str, version: int) -> dict:
     tmp = f"{path}.partial"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
-    trainer.save(tmp)
+    from rose.runtime.worker import trainer_group as group
+
+    # A sharded trainer's checkpoint is gathered from every rank; rank 0 (here) writes it.
+    peers = group.submit_to_peers(w.host.peers, group.peer_save, tmp) if w.host.peers else []
+    with group.peer_errors(peers):
+        trainer.save(tmp)
+    group.wait_for_peers(peers)
     os.replace(tmp, path)
     return {"path": path, "version": version, "seconds": time.perf_counter() - t0}

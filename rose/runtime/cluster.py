@@ -130,6 +130,10 @@ class LocalRoseCluster(SpecCluster):
         trainer_cores, dedicated_cores = _core_plan(config)
         workers = {"trainer-0": _worker_spec("trainer", trainer_cores, 2, engine, "trainer-0", config.trainer_site,
                                              comm=comm, log_dir=log_dir)}
+        for i in range(1, config.num_trainers):  # the sharded trainer's other ranks, a core each
+            core = (trainer_cores[i % len(trainer_cores)],)
+            workers[f"trainer-{i}"] = _worker_spec("trainer", core, 2, engine, f"trainer-{i}", config.trainer_site,
+                                                   comm=comm, log_dir=log_dir)
         slots = ("--rose-slots", str(config.dedicated_slots)) if config.dedicated_slots else ()
         self._trainer_cores = set(trainer_cores)
         for i, cores in enumerate(dedicated_cores[:config.num_dedicated]):

@@ -65,6 +65,9 @@ class ModelSpec:
     # (`rose.checkpoint`: a model directory of the same architecture, plus the trainer's state).
     weights_dir: str | None = None
     version: int = 0  # the weight version those weights are (0: the model's; k: after k train steps)
+    # The trainer's other ranks (worker addresses, rank order): the trainer worker the run prepares is rank
+    # 0 of a trainer sharded over them (rose/runtime/worker/trainer_group.py). Empty: one trainer.
+    trainer_peers: tuple[str, ...] = ()
 
     @property
     def weights_from(self) -> str:

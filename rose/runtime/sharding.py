@@ -102,3 +102,31 @@ def all_max(value: float, device) -> float:
     t = torch.tensor([value], dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return float(t)
+
+
+def full_checkpoint_state(model, opt) -> tuple[dict, dict | None]:
+    """(model state, AdamW state keyed by parameter name), each whole, on rank 0; the other ranks get
+    empty dicts. A collective: every rank calls it."""
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                         get_optimizer_state_dict)
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    model_state = get_model_state_dict(model, options=options)
+    return model_state, (get_optimizer_state_dict(model, opt, options=options) if opt is not None else None)
+
+
+def load_optimizer_state(model, opt, state: dict, by_name: bool) -> None:
+    """A checkpoint's AdamW state into `opt` (on every rank: each keeps its own shard), whichever way it
+    was written: keyed by parameter name (a sharded trainer's checkpoint, `by_name`) or by index (one
+    trainer's `opt.state_dict()`, whose order is `model.parameters()`)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    world, _ = world_and_rank()
+    if not by_name and world == 1:
+        opt.load_state_dict(state)
+        return
+    if not by_name:
+        names = [n for n, _ in model.named_parameters()]
+        state = {"state": {names[i]: s for i, s in state["state"].items()},
+                 "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]]}
+    set_optimizer_state_dict(model, opt, state, options=StateDictOptions(full_state_dict=True))

@@ -20,7 +20,8 @@ import torch
 from rose.config import GRPOConfig
 from rose.runtime.dapo import overlong_penalty, varied_groups
 from rose.runtime.grpo import group_advantages, grpo_loss, token_logprobs
-from rose.runtime.sharding import all_max, all_sum, full_state_dict, rank_passes, shard, world_and_rank
+from rose.runtime.sharding import (all_max, all_sum, full_checkpoint_state, full_state_dict, load_optimizer_state,
+                                   rank_passes, shard, world_and_rank)
 from rose.runtime.trajectory import flat_tokens
 
 TRAINER_STATE = "trainer.pt"  # in a checkpoint directory, beside the model's files
@@ -58,36 +59,43 @@ class Trainer:
         self.version = 0  # weights version the trainer holds; engines start at 0 too
         self.opt: torch.optim.Optimizer | None = None
         self._opt_state: dict | None = None  # a checkpoint's optimizer state, loaded when `opt` is made
+        self._opt_by_name = False  # that state is keyed by parameter name (a sharded trainer's), not index
         self.pad_id = self.model.config.pad_token_id or 0
 
     def save(self, path: str) -> None:
         """Write everything the next step depends on into the (new, empty) directory `path`: the weights
         as a model directory (config, safetensors, tokenizer: engines and `from_pretrained` load it as
-        is) and `trainer.pt` (optimizer state, RNG state, weight version)."""
+        is) and `trainer.pt` (optimizer state, RNG state, weight version). Sharded: a collective every
+        rank calls; rank 0 gathers the whole state and writes it, as one trainer would."""
         if self.world > 1:
-            raise NotImplementedError(f"checkpoints of a trainer sharded over {self.world} ranks are not built yet")
-        self.model.save_pretrained(path, safe_serialization=True)
+            weights, opt_state = full_checkpoint_state(self.model, self.opt)
+            if self.rank != 0:
+                return
+            by_name = opt_state is not None or self._opt_by_name
+            opt_state = opt_state if opt_state is not None else self._opt_state
+        else:
+            weights, by_name = None, self._opt_by_name and self.opt is None
+            opt_state = self.opt.state_dict() if self.opt is not None else self._opt_state
+        self.model.save_pretrained(path, safe_serialization=True, state_dict=weights)
         for name in os.listdir(self.model_dir):  # the tokenizer's files, and anything else not weights
             src = os.path.join(self.model_dir, name)
             if os.path.isfile(src) and not os.path.exists(os.path.join(path, name)) and not name.endswith(
                     (".safetensors", ".bin", ".safetensors.index.json", ".rose-complete")):
                 shutil.copy2(src, path)
-        torch.save({"optimizer": self.opt.state_dict() if self.opt is not None else self._opt_state,
-                    "torch_rng": torch.get_rng_state(), "version": self.version},
-                   os.path.join(path, TRAINER_STATE))
+        torch.save({"optimizer": opt_state, "optimizer_by_name": by_name, "torch_rng": torch.get_rng_state(),
+                    "version": self.version}, os.path.join(path, TRAINER_STATE))
 
     def restore(self, path: str) -> None:
         """Continue from a directory `save` wrote: the same weights, optimizer state, RNG and version."""
         from transformers import AutoModelForCausalLM
 
-        if self.world > 1:
-            raise NotImplementedError(f"checkpoints of a trainer sharded over {self.world} ranks are not built yet")
         state = torch.load(os.path.join(path, TRAINER_STATE), weights_only=False, map_location="cpu")
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(self.device)
         if self.world > 1:
             shard(self.model, self.device)
         self.model.eval()
         self.opt, self._opt_state = None, state["optimizer"]
+        self._opt_by_name = bool(state.get("optimizer_by_name", False))
         torch.set_rng_state(state["torch_rng"])
         self.version = int(state["version"])
 
@@ -99,7 +107,7 @@ class Trainer:
                 self.model.gradient_checkpointing_enable()
             self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=0.0)
             if self._opt_state is not None:  # restored: AdamW's moments and step counts as they were
-                self.opt.load_state_dict(self._opt_state)
+                load_optimizer_state(self.model, self.opt, self._opt_state, self._opt_by_name)
                 self._opt_state = None
         ok, metrics = _trainable(table, cfg)
         if ok.num_rows == 0:  # every trajectory failed (or no group varied): nothing to learn, the version stays

@@ -80,3 +80,57 @@ def test_two_ranks_make_the_same_updates_as_one_trainer(tmp_path):
     for name, w in sharded["weights"].items():
         assert torch.allclose(ref[name], w, atol=2e-6), (name, float((ref[name] - w).abs().max()))
     assert set(sharded["weights"]) == set(ref)
+
+
+def _rank_resumed(rank, world, port, model_dir, ckpt_in, ckpt_out):
+    import torch.distributed as dist
+
+    from rose.config import GRPOConfig
+    from rose.runtime.trainer import Trainer
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    trainer = Trainer(model_dir, device="cpu")
+    trainer.restore(ckpt_in)
+    trainer.step(_table(seed=1), GRPOConfig(lr=1e-3, inner_epochs=2))
+    trainer.save(ckpt_out)  # a collective: rank 0 writes
+    dist.destroy_process_group()
+
+
+def test_checkpoints_move_between_one_trainer_and_two_ranks(tmp_path):
+    # One trainer steps and saves; two ranks restore it, step and save; one trainer restores that and
+    # steps again. The weights and AdamW state must come out as three steps of one trainer.
+    import torch.multiprocessing as mp
+
+    from rose.config import GRPOConfig, ModelConfig
+    from rose.models.tiny import build_model, build_tokenizer
+    from rose.runtime.trainer import Trainer
+
+    tok = build_tokenizer(["guess", "higher", "lower"])
+    model_dir = str(tmp_path / "model")
+    build_model(ModelConfig(hidden_size=64, num_heads=2), tok, seed=3).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    cfg = GRPOConfig(lr=1e-3, inner_epochs=2)
+    first = Trainer(model_dir, device="cpu")
+    first.step(_table(seed=0), cfg)
+    first.save(str(tmp_path / "c1"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_rank_resumed, args=(r, 2, port, model_dir, str(tmp_path / "c1"),
+                                                      str(tmp_path / "c2"))) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(300)
+    assert [p.exitcode for p in procs] == [0, 0]
+    last = Trainer(model_dir, device="cpu")
+    last.restore(str(tmp_path / "c2"))
+    assert last.version == 2 and last._opt_by_name
+    last.step(_table(seed=2), cfg)
+    ref = Trainer(model_dir, device="cpu")
+    for s in range(3):
+        ref.step(_table(seed=s), cfg)
+    for (name, a), b in zip(ref.model.state_dict().items(), last.model.state_dict().values()):
+        assert torch.allclose(a, b, atol=2e-6), (name, float((a - b).abs().max()))

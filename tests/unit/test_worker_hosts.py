@@ -121,6 +121,9 @@ def test_a_trainer_publishes_version_0_counted_as_synced(spec, monkeypatch):
             self.model = SimpleNamespace(state_dict=lambda: _params(0.0))
             self.version = 0
 
+        def full_state_dict(self):
+            return self.model.state_dict()
+
     monkeypatch.setattr(rose.runtime.trainer, "Trainer", StandInTrainer)
     monkeypatch.setattr("transformers.AutoTokenizer.from_pretrained", lambda path: "the tokenizer")
     threads = torch.get_num_threads()

@@ -1,0 +1,122 @@
+"""Several trainer workers as one sharded trainer (rose/runtime/sharding.py): rank 0 drives its peers.
+
+Rank 0 is the run's trainer as far as the rest of ROSE is concerned (the driver's train, sync and
+checkpoint tasks go to it alone). Its peers are the cluster's other trainer workers, named in the run's
+`ModelSpec.trainer_peers`. Every collective step of rank 0 (forming the process group, building and
+restoring the trainer, a train step, gathering weights to publish, a checkpoint) sends each peer a task
+that makes the same collective calls, through the Dask client of rank 0's worker; rank 0 waits for
+their results, so a peer's error surfaces in rank 0's task.
+
+No launcher: the process group is bootstrapped through Dask. Rank 0 picks a free port on its own host
+and the address travels to the peers inside their task's arguments (through the scheduler). gloo on CPU
+hosts, nccl where the trainers have CUDA devices. A collective waits at most `GROUP_TIMEOUT_S` for a
+peer that left; the task then fails with the reason (a replaced peer is not rejoined mid-run).
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import socket
+from urllib.parse import urlparse
+
+GROUP_TIMEOUT_S = 120.0  # a collective waiting this long on a rank fails its task
+
+
+def free_init_method(worker_address: str) -> str:
+    """tcp://HOST:PORT for the process group's rendezvous, on rank 0's own host, at a port free now."""
+    host = urlparse(worker_address).hostname or "127.0.0.1"
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return f"tcp://{host}:{s.getsockname()[1]}"
+
+
+def form_group(rank: int, world: int, init_method: str) -> None:
+    """Join the trainers' process group (leaving the previous run's, if any). Blocks until all ranks join."""
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
+
+
+def leave_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def submit_to_peers(peers: tuple[str, ...], fn, *args) -> list:
+    """Futures of `fn(rank, *args)` on each peer (ranks 1..), submitted from this worker's client."""
+    from distributed import get_client
+
+    client = get_client()
+    return [client.submit(fn, rank, *args, workers=[peer], allow_other_workers=False, pure=False)
+            for rank, peer in enumerate(peers, start=1)]
+
+
+def wait_for_peers(futures: list) -> list:
+    """The peers' results; the first error of one raised here, naming it."""
+    if not futures:
+        return []
+    from distributed import wait
+
+    wait(futures)
+    for f in futures:
+        if f.status == "error":
+            raise RuntimeError(f"trainer peer task {f.key} failed: {f.exception()!r}")
+    return [f.result() for f in futures]
+
+
+@contextlib.contextmanager
+def peer_errors(futures: list):
+    """Around rank 0's side of a collective: when it fails (a collective timed out), a peer's own error,
+    if one has failed, is what is raised (its cause is the real one)."""
+    try:
+        yield
+    except Exception as e:
+        failed = [f for f in futures if f.status == "error"]
+        if failed:
+            raise RuntimeError(f"trainer peer task {failed[0].key} failed: {failed[0].exception()!r}") from e
+        raise
+
+
+def _host():
+    """This worker's TrainerHost (found through the worker's plugins: the plugin module imports this one)."""
+    from distributed import get_worker
+
+    from rose.runtime.protocol import PLUGIN_NAME
+
+    worker = get_worker()
+    host = getattr(worker.plugins.get(PLUGIN_NAME), "host", None)
+    if host is None or not hasattr(host, "build_trainer"):
+        raise RuntimeError(f"worker {worker.address} is not a ROSE trainer worker")
+    return host
+
+
+def peer_prepare(rank: int, spec, world: int, init_method: str) -> dict:
+    """Task on a peer: join the group and build this rank's shard of the run's trainer."""
+    host = _host()
+    form_group(rank, world, init_method)
+    host.build_trainer(spec)
+    host.trainer.full_state_dict()  # rank 0 gathers the starting weights to publish them
+    return {"rank": rank, "address": host.address}
+
+
+def peer_train(rank: int, table, cfg) -> dict:
+    """Task on a peer: this rank's part of one train step (and of gathering the new weights)."""
+    trainer = _host().trainer
+    before = trainer.version
+    trainer.step(table, cfg)
+    if trainer.version != before:
+        trainer.full_state_dict()
+    return {"rank": rank, "version": trainer.version}
+
+
+def peer_save(rank: int, path: str) -> dict:
+    """Task on a peer: this rank's part of a checkpoint (rank 0 gathers and writes it)."""
+    _host().trainer.save(path)
+    return {"rank": rank}
