@@ -30,6 +30,33 @@ def test_each_row_on_one_rank_and_every_rank_has_as_many_passes(lengths, world, 
     assert sum(w for p in passes for _, w in p) == pytest.approx(world)
 
 
+def _tiny_model(tmp_path) -> str:
+    from rose.config import ModelConfig
+    from rose.models.tiny import build_model, build_tokenizer
+
+    tok = build_tokenizer(["guess", "higher", "lower"])
+    model_dir = str(tmp_path / "model")
+    build_model(ModelConfig(hidden_size=64, num_heads=2), tok, seed=3).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    return model_dir
+
+
+def _run_ranks(target, *args, world=2):
+    """`target(rank, world, port, *args)` in `world` spawned processes; each must exit cleanly."""
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=target, args=(r, world, port, *args)) for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(300)
+    assert [p.exitcode for p in procs] == [0] * world
+
+
 def _rank(rank, world, port, model_dir, out):
     import torch.distributed as dist
 
@@ -48,27 +75,11 @@ def _rank(rank, world, port, model_dir, out):
 
 
 def test_two_ranks_make_the_same_updates_as_one_trainer(tmp_path):
-    import torch.multiprocessing as mp
-
-    from rose.config import GRPOConfig, ModelConfig
-    from rose.models.tiny import build_model, build_tokenizer
+    from rose.config import GRPOConfig
     from rose.runtime.trainer import Trainer
 
-    tok = build_tokenizer(["guess", "higher", "lower"])
-    model_dir = str(tmp_path / "model")
-    build_model(ModelConfig(hidden_size=64, num_heads=2), tok, seed=3).save_pretrained(model_dir)
-    tok.save_pretrained(model_dir)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    out = str(tmp_path / "rank0.pt")
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_rank, args=(r, 2, port, model_dir, out)) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(300)
-    assert [p.exitcode for p in procs] == [0, 0]
+    model_dir, out = _tiny_model(tmp_path), str(tmp_path / "rank0.pt")
+    _run_ranks(_rank, model_dir, out)
     sharded = torch.load(out)
     one = Trainer(model_dir, device="cpu")
     metrics = [one.step(_table(seed=s), GRPOConfig(lr=1e-3, inner_epochs=2)) for s in range(2)]
@@ -100,31 +111,15 @@ def _rank_resumed(rank, world, port, model_dir, ckpt_in, ckpt_out):
 def test_checkpoints_move_between_one_trainer_and_two_ranks(tmp_path):
     # One trainer steps and saves; two ranks restore it, step and save; one trainer restores that and
     # steps again. The weights and AdamW state must come out as three steps of one trainer.
-    import torch.multiprocessing as mp
-
-    from rose.config import GRPOConfig, ModelConfig
-    from rose.models.tiny import build_model, build_tokenizer
+    from rose.config import GRPOConfig
     from rose.runtime.trainer import Trainer
 
-    tok = build_tokenizer(["guess", "higher", "lower"])
-    model_dir = str(tmp_path / "model")
-    build_model(ModelConfig(hidden_size=64, num_heads=2), tok, seed=3).save_pretrained(model_dir)
-    tok.save_pretrained(model_dir)
+    model_dir = _tiny_model(tmp_path)
     cfg = GRPOConfig(lr=1e-3, inner_epochs=2)
     first = Trainer(model_dir, device="cpu")
     first.step(_table(seed=0), cfg)
     first.save(str(tmp_path / "c1"))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_rank_resumed, args=(r, 2, port, model_dir, str(tmp_path / "c1"),
-                                                      str(tmp_path / "c2"))) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(300)
-    assert [p.exitcode for p in procs] == [0, 0]
+    _run_ranks(_rank_resumed, model_dir, str(tmp_path / "c1"), str(tmp_path / "c2"))
     last = Trainer(model_dir, device="cpu")
     last.restore(str(tmp_path / "c2"))
     assert last.version == 2 and last._opt_by_name
