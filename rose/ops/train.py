@@ -30,14 +30,14 @@ def train_step(cfg: GRPOConfig, *batches: pa.RecordBatch) -> dict:
     # A sharded trainer's other ranks train on the same (checked) rows, each on its share.
     peers = group.submit_to_peers(w.host.peers, group.peer_train, table, cfg) if w.host.peers else []
     before = trainer.version
-    with group.peer_errors(peers):
+    with group.peer_errors(peers, w.host.peers):
         metrics = trainer.step(table, cfg)
     metrics["provenance_checked"], metrics["provenance_failed"] = checked, bad
     # What the trainer received, row by row: the driver's ledger checks it against what was planned.
     metrics["trajectory_ids"] = table["trajectory_id"].to_pylist()
     if trainer.version != before:
         t0 = time.perf_counter()
-        with group.peer_errors(peers):
+        with group.peer_errors(peers, w.host.peers):
             full = trainer.full_state_dict()  # sharded: gathered from the ranks
         w.weights.publish(full, trainer.version)
         metrics["publish_wait_s"] = w.weights.publish_wait_s
@@ -176,7 +176,7 @@ def save_checkpoint(path: str, version: int) -> dict:
 
     # A sharded trainer's checkpoint is gathered from every rank; rank 0 (here) writes it.
     peers = group.submit_to_peers(w.host.peers, group.peer_save, tmp) if w.host.peers else []
-    with group.peer_errors(peers):
+    with group.peer_errors(peers, w.host.peers):
         trainer.save(tmp)
     group.wait_for_peers(peers)
     os.replace(tmp, path)

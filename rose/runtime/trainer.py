@@ -47,8 +47,11 @@ class Trainer:
 
         torch.manual_seed(seed)
         self.model_dir = model_dir
-        # The worker's device: "cuda" (its current device) where there is one, else "cpu".
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        # The worker's device: its current CUDA device where there is one (a sharded trainer's rank set it
+        # when it joined the group), else the CPU.
+        if device is None:
+            device = f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(device)
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(self.device)
         # Ranks of a process group (rose/runtime/sharding.py): each holds 1/world of the model (FSDP2).
         self.world, self.rank = world_and_rank()

@@ -47,3 +47,38 @@ def test_a_run_on_two_sharded_trainer_workers(tmp_path):
         more = rose.run(p, cluster=client, progress=False, resume=str(tmp_path / "run"), steps=5)
         assert list(more.metrics["weight_version"])[-2:] == [4, 5]
         assert (more.metrics["logprob_mismatch"] < LOGPROB_TOLERANCE).all()
+
+
+def test_a_lost_peer_stops_the_run_at_once_naming_it(monkeypatch):
+    # A rank killed mid-run (SIGKILL, as the OOM killer would) is not rejoined: the next collective fails
+    # at once (its connections close) and the run stops with a RunError that names the peer, not a hang.
+    import os
+    import signal
+
+    from distributed import Client
+
+    from rose.errors import RunError
+    from rose.runtime.cluster import LocalRoseCluster
+
+    monkeypatch.setenv("ROSE_TRAINER_GROUP_TIMEOUT_S", "30")  # a bound, should the failure not be seen at once
+    p = small_pipeline("guess", groups=4, group_size=4, steps=4)
+    with LocalRoseCluster(ClusterConfig(num_dedicated=1, num_trainers=2), FP32) as cluster, \
+            Client(cluster) as client:
+        killed = []
+
+        def on_step(row):
+            if row["step"] == 0:
+                rank0 = client.run(lambda dask_worker: _is_rank0(dask_worker), workers=roles_of(client)["trainer"])
+                (peer,) = [a for a, is0 in rank0.items() if not is0]
+                os.kill(client.run(os.getpid, workers=[peer])[peer], signal.SIGKILL)
+                killed.append(peer)
+
+        with pytest.raises(RunError, match="left the cluster during a collective step") as err:
+            rose.run(p, cluster=client, progress=False, on_step=on_step)
+        assert killed and killed[0] in str(err.value)
+
+
+def _is_rank0(dask_worker) -> bool:
+    from rose.runtime.worker.plugin import rose_worker_of
+
+    return bool(rose_worker_of(dask_worker).host.peers)

@@ -39,7 +39,7 @@ class TrainerHost(Host):
             init = group.free_init_method(self.address)
             world = 1 + len(self.peers)
             futures = group.submit_to_peers(self.peers, group.peer_prepare, spec, world, init)
-        with group.peer_errors(futures):
+        with group.peer_errors(futures, self.peers):
             if self.peers:
                 group.form_group(0, world, init)
             else:

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import os
 import socket
 from urllib.parse import urlparse
 
-GROUP_TIMEOUT_S = 120.0  # a collective waiting this long on a rank fails its task
+# A collective waiting this long on a rank fails its task (s; ROSE_TRAINER_GROUP_TIMEOUT_S overrides it).
+GROUP_TIMEOUT_S = float(os.environ.get("ROSE_TRAINER_GROUP_TIMEOUT_S", "120"))
 
 
 def free_init_method(worker_address: str) -> str:
@@ -38,6 +40,10 @@ def form_group(rank: int, world: int, init_method: str) -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
     backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        # A GPU each: a worker that sees one (CUDA_VISIBLE_DEVICES, as dask-cuda sets it) takes it; ranks
+        # that share a host's GPUs take them by rank. (Untested here: no GPU.)
+        torch.cuda.set_device(rank % torch.cuda.device_count())
     dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
 
@@ -72,16 +78,39 @@ def wait_for_peers(futures: list) -> list:
 
 
 @contextlib.contextmanager
-def peer_errors(futures: list):
-    """Around rank 0's side of a collective: when it fails (a collective timed out), a peer's own error,
-    if one has failed, is what is raised (its cause is the real one)."""
+def peer_errors(futures: list, peers: tuple[str, ...] = ()):
+    """Around rank 0's side of a collective: when it fails, say why in the peers' terms: a peer's own
+    error if its task failed, or which peers left the cluster (a collective with a dead rank fails at
+    once: its connections close)."""
     try:
         yield
     except Exception as e:
         failed = [f for f in futures if f.status == "error"]
         if failed:
             raise RuntimeError(f"trainer peer task {failed[0].key} failed: {failed[0].exception()!r}") from e
+        gone = _departed(peers)
+        if gone:
+            raise RuntimeError(f"trainer peer(s) {', '.join(gone)} left the cluster during a collective step of "
+                               f"the sharded trainer ({type(e).__name__}: {e}); a lost peer is not rejoined "
+                               f"mid-run, so the run cannot go on (resume it from its last checkpoint)") from e
         raise
+
+
+def _departed(peers: tuple[str, ...], wait_s: float = 5.0) -> list[str]:
+    """The peers no longer connected to the scheduler (waiting up to `wait_s` for it to notice)."""
+    import time
+
+    from distributed import get_client
+
+    if not peers:
+        return []
+    deadline = time.monotonic() + wait_s
+    while True:
+        alive = get_client().scheduler_info(n_workers=-1)["workers"]
+        gone = [p for p in peers if p not in alive]
+        if gone or time.monotonic() > deadline:
+            return gone
+        time.sleep(0.25)
 
 
 def _host():
