@@ -9,8 +9,9 @@ their results, so a peer's error surfaces in rank 0's task.
 
 No launcher: the process group is bootstrapped through Dask. Rank 0 picks a free port on its own host
 and the address travels to the peers inside their task's arguments (through the scheduler). gloo on CPU
-hosts, nccl where the trainers have CUDA devices. A collective waits at most `GROUP_TIMEOUT_S` for a
-peer that left; the task then fails with the reason (a replaced peer is not rejoined mid-run).
+hosts, nccl where the trainers have CUDA devices. A peer that dies closes its connections and the
+collective under way fails at once; rank 0's task then names the peers that left (`peer_errors`). A
+peer that hangs is waited for at most `GROUP_TIMEOUT_S`. A lost peer is not rejoined mid-run.
 """
 from __future__ import annotations
 
@@ -70,7 +71,7 @@ def wait_for_peers(futures: list) -> list:
         return []
     from distributed import wait
 
-    wait(futures)
+    wait(futures, timeout=GROUP_TIMEOUT_S)  # results of peers whose collectives all succeeded: quick
     for f in futures:
         if f.status == "error":
             raise RuntimeError(f"trainer peer task {f.key} failed: {f.exception()!r}")
