@@ -16,6 +16,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from rose.config import ModelConfig
+from rose.models.tiny import model_sizes
 
 END_OF_TEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 # ChatML, as Qwen2-family instruct models write it (without their default system message: contexts here
@@ -52,22 +53,7 @@ def build_bpe_tokenizer(corpus: list[str], vocab_size: int) -> PreTrainedTokeniz
 def build_qwen2(cfg: ModelConfig, tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> Qwen2ForCausalLM:
     """A Qwen2 causal LM with random weights sized by `cfg` (half as many key/value heads as query heads
     where that divides)."""
-    vocab_size = -(-len(tokenizer) // 32) * 32  # friendlier shapes for both engines' kernels
     kv_heads = cfg.num_heads // 2 if cfg.num_heads % 2 == 0 else cfg.num_heads
-    qwen = Qwen2Config(
-        vocab_size=vocab_size,
-        hidden_size=cfg.hidden_size,
-        intermediate_size=cfg.hidden_size * 4,
-        num_hidden_layers=cfg.num_layers,
-        num_attention_heads=cfg.num_heads,
-        num_key_value_heads=kv_heads,
-        max_position_embeddings=cfg.max_model_len,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=True,
-        bos_token_id=None,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        dtype="float32",
-    )
+    qwen = Qwen2Config(**model_sizes(cfg, tokenizer), num_key_value_heads=kv_heads, rms_norm_eps=1e-6)
     torch.manual_seed(seed)
     return Qwen2ForCausalLM(qwen)

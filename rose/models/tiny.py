@@ -30,24 +30,27 @@ def build_tokenizer(words: list[str]) -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD, unk_token=UNK)
 
 
-def build_model(cfg: ModelConfig, tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> LlamaForCausalLM:
-    # Pad the vocabulary to a multiple of 32: friendlier shapes for both engines' kernels.
-    vocab_size = -(-len(tokenizer) // 32) * 32
-    llama = LlamaConfig(
-        vocab_size=vocab_size,
+def model_sizes(cfg: ModelConfig, tokenizer) -> dict:
+    """The config fields every tiny model shares (Llama here, Qwen2 in `rose.models.bpe`): sizes from `cfg`,
+    special token ids from `tokenizer`, float32, tied embeddings."""
+    return dict(
+        # Pad the vocabulary to a multiple of 32: friendlier shapes for both engines' kernels.
+        vocab_size=-(-len(tokenizer) // 32) * 32,
         hidden_size=cfg.hidden_size,
         intermediate_size=cfg.hidden_size * 4,
         num_hidden_layers=cfg.num_layers,
         num_attention_heads=cfg.num_heads,
-        num_key_value_heads=cfg.num_heads,
-        head_dim=cfg.hidden_size // cfg.num_heads,
         max_position_embeddings=cfg.max_model_len,
-        rms_norm_eps=1e-5,
         tie_word_embeddings=True,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         dtype="float32",
     )
+
+
+def build_model(cfg: ModelConfig, tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> LlamaForCausalLM:
+    llama = LlamaConfig(**model_sizes(cfg, tokenizer), num_key_value_heads=cfg.num_heads,
+                        head_dim=cfg.hidden_size // cfg.num_heads, rms_norm_eps=1e-5)
     torch.manual_seed(seed)
     return LlamaForCausalLM(llama)

@@ -74,13 +74,22 @@ def shard(model, device) -> None:
     fully_shard(model, mesh=mesh)
 
 
+def _gathered():
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    # Whole tensors, on rank 0's CPU only: the other ranks never hold the full model.
+    return StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
 def full_state_dict(model) -> dict:
-    """Every parameter whole, on every rank (a collective: all ranks call it)."""
-    return {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in model.state_dict().items()}
+    """Every parameter whole on rank 0 (the other ranks get an empty dict). A collective: all ranks call it."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return get_model_state_dict(model, options=_gathered())
 
 
-def all_sum(values: list[float], device) -> list[float]:
-    """`values` summed over the ranks (a collective); as given without a process group."""
+def all_reduce(values: list[float], device, op: str = "sum") -> list[float]:
+    """`values` reduced over the ranks ("sum" or "max"; a collective); as given without a process group."""
     import torch
     import torch.distributed as dist
 
@@ -88,31 +97,17 @@ def all_sum(values: list[float], device) -> list[float]:
     if world == 1:
         return list(values)
     t = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(t)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
     return t.tolist()
-
-
-def all_max(value: float, device) -> float:
-    import torch
-    import torch.distributed as dist
-
-    world, _ = world_and_rank()
-    if world == 1:
-        return value
-    t = torch.tensor([value], dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t)
 
 
 def full_checkpoint_state(model, opt) -> tuple[dict, dict | None]:
     """(model state, AdamW state keyed by parameter name), each whole, on rank 0; the other ranks get
     empty dicts. A collective: every rank calls it."""
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                         get_optimizer_state_dict)
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    model_state = get_model_state_dict(model, options=options)
-    return model_state, (get_optimizer_state_dict(model, opt, options=options) if opt is not None else None)
+    opt_state = get_optimizer_state_dict(model, opt, options=_gathered()) if opt is not None else None
+    return full_state_dict(model), opt_state
 
 
 def load_optimizer_state(model, opt, state: dict, by_name: bool) -> None:

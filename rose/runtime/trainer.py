@@ -20,7 +20,7 @@ import torch
 from rose.config import GRPOConfig
 from rose.runtime.dapo import overlong_penalty, varied_groups
 from rose.runtime.grpo import group_advantages, grpo_loss, token_logprobs
-from rose.runtime.sharding import (all_max, all_sum, full_checkpoint_state, full_state_dict, load_optimizer_state,
+from rose.runtime.sharding import (all_reduce, full_checkpoint_state, full_state_dict, load_optimizer_state,
                                    rank_passes, shard, world_and_rank)
 from rose.runtime.trajectory import flat_tokens
 
@@ -115,7 +115,8 @@ class Trainer:
         ok, metrics = _trainable(table, cfg)
         if ok.num_rows == 0:  # every trajectory failed (or no group varied): nothing to learn, the version stays
             return metrics | {"train_s": time.perf_counter() - t0, "weight_version": self.version}
-        ids = _pad(*flat_tokens(ok, "token_ids"), self.pad_id, torch.long)
+        token_ids, offsets = flat_tokens(ok, "token_ids")
+        ids = _pad(token_ids, offsets, self.pad_id, torch.long)
         mask = _pad(*flat_tokens(ok, "loss_mask"), False, torch.bool).float()
         behav = _pad(*flat_tokens(ok, "logprobs"), 0.0, torch.float32)
         shaped = ok["reward"].to_numpy() + overlong_penalty(mask.sum(1).numpy(), cfg.overlong_max_tokens,
@@ -124,7 +125,7 @@ class Trainer:
         rewards = torch.from_numpy(shaped.astype(np.float32))
         groups = torch.from_numpy(ok["group_id"].to_numpy().astype(np.int64))
         adv = group_advantages(rewards, groups, cfg.adv_eps)
-        lengths = np.diff(flat_tokens(ok, "token_ids")[1])
+        lengths = np.diff(offsets)
         # Each pass's loss is its own mean, weighted by its share of the batch's tokens (token
         # aggregation) or trained rows (sequence): the passes' gradients add up to the batch's.
         trained = mask.sum(1).numpy()
@@ -166,16 +167,16 @@ class Trainer:
         self.model.eval()
         self.version += 1
         names = sorted(stats)
-        summed = all_sum([mismatch, *losses, *(stats[n] for n in names)], self.device)
+        summed = all_reduce([mismatch, *losses, *(stats[n] for n in names)], self.device)
         stats = dict(zip(names, summed[1 + len(losses):]))
         grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
         metrics |= {"logprob_mismatch": summed[0] / n_tokens,
-                    "logprob_mismatch_max": all_max(mismatch_max, self.device)}
+                    "logprob_mismatch_max": all_reduce([mismatch_max], self.device, "max")[0]}
         return metrics | stats | {"loss": float(np.mean(summed[1:1 + len(losses)])), "grad_norm": float(grad_norm),
                                   "train_s": time.perf_counter() - t0, "weight_version": self.version}
 
     def full_state_dict(self) -> dict:
-        """Every weight whole (sharded: gathered from the ranks, a collective every rank calls)."""
+        """Every weight whole (sharded: gathered onto rank 0, the others get {}; a collective every rank calls)."""
         return full_state_dict(self.model) if self.world > 1 else self.model.state_dict()
 
     def _autocast(self):

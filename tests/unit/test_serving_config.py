@@ -38,7 +38,7 @@ def test_the_two_engines_split_one_device():
         check_device_split(0.5, 0.5)  # the run's default fraction next to a serving engine's default
 
 
-def test_the_worker_flags_reach_the_serving_config():
+def test_the_worker_takes_the_engine_flags():
     ctx = dask_setup.make_context("dask_setup", ["--rose-role", "serving", "--rose-serving-engine",
                                                  "gpu_memory_utilization=0.6", "--rose-rollout-gpu-memory", "0.3"])
     assert ctx.params["rose_serving_engine"] == "gpu_memory_utilization=0.6"

@@ -64,22 +64,18 @@ def check_device_split(serving: float, rollout: float) -> None:
 def serving_engine_settings(text: str | None) -> tuple[EngineConfig, int | None]:
     """`--rose-serving-engine "dtype=bfloat16,max_num_seqs=64,gpu_memory_utilization=0.4,max_model_len=4096"`:
     the serving engine's EngineConfig (its fields by name) and max_model_len (None: the model's own)."""
-    fields = {f.name: f.type for f in dataclasses.fields(EngineConfig)}
-    kwargs, max_len = {}, None
+    defaults = {f.name: getattr(EngineConfig(), f.name) for f in dataclasses.fields(EngineConfig)}
+    defaults["max_model_len"] = 0  # an int, like the fields it sits beside
+    kwargs = {}
     for item in filter(None, (text or "").split(",")):
         key, eq, value = (x.strip() for x in item.partition("="))
-        if not eq or (key not in fields and key != "max_model_len"):
-            raise ConfigError(f"--rose-serving-engine: {item!r} is not KEY=VALUE with KEY one of "
-                              f"{sorted([*fields, 'max_model_len'])}")
-        try:
-            parsed = value if key == "dtype" else (int(value) if key in ("max_num_seqs", "rollout_slots",
-                                                                          "max_model_len") else float(value))
+        if not eq or key not in defaults:
+            raise ConfigError(f"--rose-serving-engine: {item!r} is not KEY=VALUE with KEY one of {sorted(defaults)}")
+        try:  # each value as the type of its field's default (EngineConfig validates the value itself)
+            kwargs[key] = type(defaults[key])(value)
         except ValueError:
             raise ConfigError(f"--rose-serving-engine: {key}={value!r} is not a number") from None
-        if key == "max_model_len":
-            max_len = parsed
-        else:
-            kwargs[key] = parsed
+    max_len = kwargs.pop("max_model_len", None)
     return EngineConfig(**kwargs), max_len
 
 
