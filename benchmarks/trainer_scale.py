@@ -9,8 +9,10 @@ the largest difference between the final weights of 1 and 2 ranks, each rank's p
 over its baseline (taken before the model is loaded; freed memory returned to the system at once,
 see `run`) as a share of the single trainer's, and tokens trained per second.
 
-Not measured: publishing from each rank's own shards (ranks gather the full weights here; a sharded
-publish into the weight transfer engine is not built), and GPUs (nccl): none here.
+After the last step every rank publishes its own shards of the weights (bf16, 1 MiB shards:
+rose/runtime/weights/publisher.py, as the trainer workers do); `sync_exact` holds when the union of the
+ranks' parts is the manifest one trainer would publish from the gathered weights, hash for hash, and
+the bytes the ranks hold assemble into exactly those weights. Not measured: GPUs (nccl): none here.
 
     python benchmarks/trainer_scale.py [--quick]
 """
@@ -77,6 +79,8 @@ def rank_main(rank: int, world: int, port: int, model_dir: str, rows: int, threa
 
     from rose.config import GRPOConfig
     from rose.runtime.trainer import Trainer
+    from rose.runtime.weights.publisher import RankPublisher, union
+    from rose.runtime.weights.shards import assemble, shard_params
 
     # Imported before the baseline: transformers and the model's class (loading imports it), whose
     # import is not the model's memory.
@@ -92,14 +96,22 @@ def rank_main(rank: int, world: int, port: int, model_dir: str, rows: int, threa
         tokens += sum(len(x) for x in table["token_ids"].to_pylist())
     seconds = time.perf_counter() - t0
     peak = _rss_peak_mb() - base
+    t1 = time.perf_counter()
+    own, data, _ = RankPublisher("bfloat16", 1 << 20).part(trainer.model.state_dict(), trainer.version, None)
+    publish_s = time.perf_counter() - t1
     full = trainer.full_state_dict()
+    peaks = [None] * world
+    dist.all_gather_object(peaks, (peak, publish_s, own, {h: bytes(b) for h, b in data.items()}))
     if rank == 0:
         torch.save({"weights": full}, out + ".weights")
-    peaks = [None] * world
-    dist.all_gather_object(peaks, peak)
-    if rank == 0:
+        whole = union([p[2] for p in peaks])
+        held = {h: b for p in peaks for h, b in p[3].items()}
+        got = assemble(whole, held.__getitem__)
+        exact = whole == shard_params(full, trainer.version, "bfloat16", 1 << 20)[0] and set(got) == set(full) \
+            and all(torch.equal(got[k], v.to(torch.bfloat16)) for k, v in full.items())
         with open(out, "w") as f:
-            json.dump({"peak_mb": peaks, "seconds": seconds, "tokens": tokens}, f)
+            json.dump({"peak_mb": [p[0] for p in peaks], "seconds": seconds, "tokens": tokens, "sync_exact": exact,
+                       "publish_s": [round(p[1], 3) for p in peaks], "shards": [len(p[2].shards) for p in peaks]}, f)
     dist.destroy_process_group()
 
 
@@ -150,14 +162,18 @@ def main() -> None:
     one, two = results[1], results[2]
     diff = max(float((one["weights"][k] - two["weights"][k]).abs().max()) for k in one["weights"])
     ratio = max(two["peak_mb"]) / one["peak_mb"][0]
-    print(f"{'ranks':>5} {'peak MB per rank':>18} {'tokens/s':>9} {'seconds':>8}")
+    print(f"{'ranks':>5} {'peak MB per rank':>18} {'tokens/s':>9} {'seconds':>8} {'shards published':>17} "
+          f"{'publish s':>11} {'exact':>6}")
     for w, r in results.items():
         print(f"{w:>5} {' / '.join(f'{x:.0f}' for x in r['peak_mb']):>18} {r['tokens'] / r['seconds']:>9.0f} "
-              f"{r['seconds']:>8.1f}")
+              f"{r['seconds']:>8.1f} {' / '.join(map(str, r['shards'])):>17} "
+              f"{' / '.join(f'{x:.2f}' for x in r['publish_s']):>11} {str(r['sync_exact']):>6}")
     print(f"max |w1 - w2| after {STEPS} steps: {diff:.2e}; peak memory per rank / single: {ratio:.3f}")
     print(json.dumps({"bench": "trainer_scale", "ranks": [1, 2], "max_weight_diff": diff,
                       "peak_mem_per_rank_ratio": round(ratio, 3), "tok_s_1": round(one["tokens"] / one["seconds"], 1),
-                      "tok_s_2": round(two["tokens"] / two["seconds"], 1), "sync_exact": None,
+                      "tok_s_2": round(two["tokens"] / two["seconds"], 1),
+                      "sync_exact": bool(one["sync_exact"] and two["sync_exact"]),
+                      "publish_s_1": max(one["publish_s"]), "publish_s_2": max(two["publish_s"]),
                       "model_params_m": round(sum(v.numel() for v in one["weights"].values()) / 1e6, 1)}))
 
 

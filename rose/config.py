@@ -78,6 +78,10 @@ class EngineConfig:
     # An environment's `reset` or `step` that takes longer than this fails its trajectory with the
     # reason (env, turn, trajectory id); the rest of the group and the step go on (s, per call).
     env_timeout_s: float = 60.0
+    # Weight sync: versions are cut into shards of this size (KiB), each hashed, deduplicated and sent
+    # (or delta-encoded) on its own. Smaller: a sharded trainer's ranks and unchanged regions split
+    # finer; larger: less per-shard overhead. The trainer and every engine of a run use the same.
+    weight_shard_kib: int = 1024
 
     def __post_init__(self):
         c = "EngineConfig"
@@ -92,6 +96,7 @@ class EngineConfig:
         _positive(c, "batch_hold_ms", self.batch_hold_ms, allow_zero=True)
         _positive(c, "request_timeout_s", self.request_timeout_s)
         _positive(c, "env_timeout_s", self.env_timeout_s)
+        _positive(c, "weight_shard_kib", self.weight_shard_kib)
 
 
 ALGORITHMS = ("grpo", "dapo")

@@ -38,10 +38,10 @@ def train_step(cfg: GRPOConfig, *batches: pa.RecordBatch) -> dict:
     if trainer.version != before:
         t0 = time.perf_counter()
         with group.peer_errors(peers, w.host.peers):
-            full = trainer.full_state_dict()  # sharded: gathered from the ranks
-        w.weights.publish(full, trainer.version)
+            w.host.publish()  # sharded: every rank publishes its own shards
         metrics["publish_wait_s"] = w.weights.publish_wait_s
         metrics["publish_s"] = time.perf_counter() - t0 - w.weights.publish_wait_s
+        metrics["publish_host_bytes"] = w.host.publisher.host_bytes
     group.wait_for_peers(peers)
     metrics["trainer_ranks"] = 1 + len(w.host.peers)
     return {"version": trainer.version, "metrics": metrics}

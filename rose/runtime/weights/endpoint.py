@@ -18,7 +18,7 @@ from typing import Awaitable, Callable
 from rose.errors import EngineError
 from rose.runtime.weights import delta as deltas
 from rose.runtime.weights.handlers import EndpointHandlers
-from rose.runtime.weights.plan import Hop, Receiver
+from rose.runtime.weights.plan import Hop, Origin, Receiver
 from rose.runtime.weights.shards import DEFAULT_SHARD_BYTES, Manifest, assemble, shard_params
 from rose.runtime.weights.store import ShardStore
 
@@ -44,6 +44,11 @@ class WeightEndpoint(EndpointHandlers):
         self.store = ShardStore()
         self.manifest: Manifest | None = None  # the committed version
         self.prev: Manifest | None = None  # publisher only: the version before, kept for deltas
+        # Publisher: this worker's own shards of the version and of the one before (a sharded trainer's
+        # rank holds a part of each; one trainer all of it), and which rank serves which shard.
+        self._own: Manifest | None = None
+        self._own_prev: Manifest | None = None
+        self.origins: tuple[Origin, ...] = ()
         self.staged: Manifest | None = None
         self.sent_bytes = 0  # payload bytes this endpoint served (dense + delta)
         self.received_bytes = 0
@@ -69,10 +74,16 @@ class WeightEndpoint(EndpointHandlers):
     def version(self) -> int:
         return self.manifest.version if self.manifest else -1
 
+    @property
+    def own(self) -> Manifest | None:
+        """Publisher: this worker's own shards of the version it publishes (a sharded trainer's rank: its part)."""
+        return self._own
+
     def reset(self, dtype: str, shard_bytes: int = DEFAULT_SHARD_BYTES) -> None:
         """Forget every version (a new run starts)."""
         self.store = ShardStore()
-        self.manifest = self.prev = self.staged = None
+        self.manifest = self.prev = self.staged = self._own = self._own_prev = None
+        self.origins = ()
         self._deltas.clear()
         for h in list(self._expected):
             self._arrived(h)
@@ -105,24 +116,38 @@ class WeightEndpoint(EndpointHandlers):
         (`mark_synced`), since a running sync serves that version's shards and deltas, which this
         replaces. Raises EngineError if that sync failed or did not finish in `timeout_s`."""
         manifest, data = shard_params(tensors, version, self.dtype, self.shard_bytes)
+        self.wait_before_publish(timeout_s)
+        self.hold(manifest, data)
+        return manifest
+
+    def wait_before_publish(self, timeout_s: float = PUBLISH_WAIT_S) -> None:
+        """Wait for the sync of the version held now (see `publish`); its wait is `publish_wait_s`."""
         t0 = time.perf_counter()
         self.wait_synced(self.version, timeout_s)
         self.publish_wait_s = time.perf_counter() - t0
+
+    def hold(self, own: Manifest, data: dict, encoded: dict | None = None, whole: Manifest | None = None,
+             origins: tuple[Origin, ...] = ()) -> None:
+        """Serve `own`, this worker's shards of a version (`data`: {hash: bytes} of those not held yet), as
+        the published version `whole` (every rank's shards; `own` itself for one trainer, and on a peer
+        rank, which is never synced from). `encoded`: deltas already made from the device's arrays;
+        the other changed shards' deltas are encoded here, once, each then served to every site and relay
+        as it is (receivers one version behind are the usual case). `origins`: which rank serves which
+        shard (`plan_sync`); () for one trainer. The caller has waited for the previous sync."""
         self.store.recycle = False  # a publisher never applies deltas: no one would take the buffers back
         for h, b in data.items():
             self.store.put(h, b, verify=False)  # hashed just now
-        self.store.retain(manifest)
-        if self.prev is not None:
-            self.store.release(self.prev)
-        self.prev, self.manifest = self.manifest, manifest
-        self._deltas.clear()
-        if self.prev is not None:
-            # Encode every changed shard's delta once, now: each is then served to every site and relay
-            # as it is (receivers one version behind are the usual case).
-            for s in manifest.diff(self.prev):
-                if (old := self.prev.at(s.position)) is not None and old.nbytes == s.nbytes:
+        self.store.retain(own)
+        if self._own_prev is not None:
+            self.store.release(self._own_prev)
+        self._own_prev, self._own = self._own, own
+        self.prev, self.manifest = self.manifest, whole if whole is not None else own
+        self.origins = origins
+        self._deltas = dict(encoded or {})
+        if self._own_prev is not None:
+            for s in own.diff(self._own_prev):
+                if (old := self._own_prev.at(s.position)) is not None and old.nbytes == s.nbytes:
                     self._delta(old.hash, s.hash)
-        return manifest
 
     def _delta(self, base: str, target: str) -> deltas.Delta | None:
         if (base, target) not in self._deltas:

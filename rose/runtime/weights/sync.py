@@ -1,4 +1,5 @@
-"""Run one sync: from the source endpoint (the trainer) to every receiver, then one swap each.
+"""Run one sync: from the source endpoint (the trainer; or its ranks, `Origin`s) to every receiver, then one
+swap each.
 
 Phases: ask each receiver what it holds; plan (pure, `plan.py`); run the plan, each receiver pulling
 its hops from their sources, relays passing shards on as they arrive (every shard is verified on
@@ -46,9 +47,9 @@ async def sync_to(worker, source: WeightEndpoint, receivers: list[str], mode: st
     if not rs:
         return {"version": manifest.version, "statuses": done_statuses, "sent_bytes": 0, "hops": 0, "seconds": 0.0}
     if mode == "full":
-        plan = plan_full(manifest, rs, worker.address)
+        plan = plan_full(manifest, rs, worker.address, source.origins)
     else:
-        plan = plan_sync(manifest, rs, worker.address, source.site, source.prev)
+        plan = plan_sync(manifest, rs, worker.address, source.site, source.prev, source.origins)
     wire_manifest = to_serialize(manifest)
     by_dst: dict[str, list] = {r.address: [] for r in rs}  # every receiver stages the version
     for hop in plan.hops:
@@ -80,7 +81,8 @@ async def sync_to(worker, source: WeightEndpoint, receivers: list[str], mode: st
     after = await receiver_states(worker, receivers)
     received = sum(a["received_bytes"] - b["received_bytes"] for a, b in zip(after, before))
     dense = sum(a["received_dense_bytes"] - b["received_dense_bytes"] for a, b in zip(after, before))
-    sites = {r.address: r.site for r in everyone} | {worker.address: source.site}
+    sites = {r.address: r.site for r in everyone} | {worker.address: source.site} | {
+        o.address: o.site for o in source.origins}
     cross = sum(n - b["received_from"].get(src, 0) for a, b, r in zip(after, before, everyone)
                 for src, n in a["received_from"].items() if sites.get(src, "?") != r.site)
     return {"version": manifest.version, "statuses": done_statuses + list(statuses), "sent_bytes": received, "dense_bytes": dense,

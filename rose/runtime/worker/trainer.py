@@ -13,17 +13,7 @@ class TrainerHost(Host):
         self.trainer = None  # rose.runtime.trainer.Trainer of the run, once prepared
         self.tokenizer = None  # the policy's, once prepared: the provenance check replays with it
         self.peers: tuple[str, ...] = ()  # rank 0: the other ranks' workers, in rank order
-
-    def build_trainer(self, spec: ModelSpec) -> None:
-        """This worker's trainer for the run (its shard, in a process group), from the checkpoint if any."""
-        import torch
-
-        from rose.runtime.trainer import Trainer
-
-        torch.set_num_threads(max(1, len(self.cores) if self.cores else 1))
-        self.trainer = Trainer(spec.model_dir, seed=spec.seed, temperature=spec.engine.temperature)
-        if spec.weights_dir is not None:  # a resumed run, or a replaced trainer: the checkpoint's state
-            self.trainer.restore(spec.weights_dir)
+        self.publisher = None  # rose.runtime.weights.publisher.RankPublisher of the run: this rank's part
 
     def prepare(self, spec: ModelSpec) -> None:
         """A new trainer, so that no optimizer state leaks between runs; its weights are published as
@@ -45,12 +35,53 @@ class TrainerHost(Host):
             else:
                 group.leave_group()  # an earlier run's group, if any: this run trains alone
             self.build_trainer(spec)
-            full = self.trainer.full_state_dict()  # a collective with peers
+            # Engines load this version from the model or checkpoint directory, no sync reads it: the
+            # next version may follow at once.
+            self.publish()  # a collective with peers
+            self.weights.mark_synced(self.trainer.version)
         group.wait_for_peers(futures)
         self.tokenizer = AutoTokenizer.from_pretrained(spec.model_dir)
-        self.weights.reset(spec.engine.dtype)
-        self.weights.publish(full, self.trainer.version)
-        # Engines load this version from the model or checkpoint directory, no sync reads it: the next
-        # version may follow at once.
-        self.weights.mark_synced(self.trainer.version)
         self.spec = spec
+
+    def build_trainer(self, spec: ModelSpec) -> None:
+        """This worker's trainer for the run (its shard, in a process group), from the checkpoint if any,
+        and a fresh weight endpoint to publish its versions through."""
+        import torch
+
+        from rose.runtime.trainer import Trainer
+        from rose.runtime.weights.publisher import RankPublisher
+
+        torch.set_num_threads(max(1, len(self.cores) if self.cores else 1))
+        self.weights.reset(spec.engine.dtype, spec.engine.weight_shard_kib * 1024)
+        self.publisher = RankPublisher(self.weights.dtype, self.weights.shard_bytes)
+        self.trainer = Trainer(spec.model_dir, seed=spec.seed, temperature=spec.engine.temperature)
+        if spec.weights_dir is not None:  # a resumed run, or a replaced trainer: the checkpoint's state
+            self.trainer.restore(spec.weights_dir)
+
+    def publish(self) -> None:
+        """Publish the trainer's version: this rank's shards into this worker's endpoint (one trainer: all
+        of them). Sharded, a collective every rank calls: rank 0 first waits for the sync of the version
+        before (peers wait in the collective meanwhile, at most the group timeout), so no rank replaces
+        shards a running sync still reads; then rank 0 holds the version's whole manifest and which rank
+        serves which shard, and syncs read each shard from its rank."""
+        import torch.distributed as dist
+
+        from rose.runtime.weights.plan import Origin
+        from rose.runtime.weights.publisher import union
+
+        trainer, weights = self.trainer, self.weights
+        if trainer.rank == 0:
+            weights.wait_before_publish()
+        own, data, encoded = self.publisher.part(trainer.model.state_dict(), trainer.version, weights.store.get)
+        if trainer.world == 1:
+            weights.hold(own, data, encoded)
+            return
+        held = weights.own.hashes() if weights.own is not None else frozenset()  # its part of the version before
+        parts = [None] * trainer.world
+        dist.all_gather_object(parts, (own, weights.worker.address, weights.site, frozenset(held)))
+        if trainer.rank != 0:
+            weights.hold(own, data, encoded)
+            return
+        origins = tuple(Origin(address, site, frozenset(part.hashes()) | before)
+                        for part, address, site, before in parts)
+        weights.hold(own, data, encoded, whole=union([p[0] for p in parts]), origins=origins)

@@ -3,7 +3,7 @@
 Rank 0 is the run's trainer as far as the rest of ROSE is concerned (the driver's train, sync and
 checkpoint tasks go to it alone). Its peers are the cluster's other trainer workers, named in the run's
 `ModelSpec.trainer_peers`. Every collective step of rank 0 (forming the process group, building and
-restoring the trainer, a train step, gathering weights to publish, a checkpoint) sends each peer a task
+restoring the trainer, a train step, publishing a version, a checkpoint) sends each peer a task
 that makes the same collective calls, through the Dask client of rank 0's worker; rank 0 waits for
 their results, so a peer's error surfaces in rank 0's task.
 
@@ -132,17 +132,18 @@ def peer_prepare(rank: int, spec, world: int, init_method: str) -> dict:
     host = _host()
     form_group(rank, world, init_method)
     host.build_trainer(spec)
-    host.trainer.full_state_dict()  # rank 0 gathers the starting weights to publish them
+    host.publish()  # its part of the version the run starts from
     return {"rank": rank, "address": host.address}
 
 
 def peer_train(rank: int, table, cfg) -> dict:
-    """Task on a peer: this rank's part of one train step (and of gathering the new weights)."""
-    trainer = _host().trainer
+    """Task on a peer: this rank's part of one train step (and of publishing the new version)."""
+    host = _host()
+    trainer = host.trainer
     before = trainer.version
     trainer.step(table, cfg)
     if trainer.version != before:
-        trainer.full_state_dict()
+        host.publish()  # its part of the new version
     return {"rank": rank, "version": trainer.version}
 
 
