@@ -4,9 +4,12 @@ FSDP2 splits every parameter along dim 0 as `torch.chunk` does: rows in chunks o
 r takes chunk r (empty past the end). In row-major order a chunk of rows is one contiguous byte range of
 the whole parameter, so rank r holds bytes [start_r, end_r) of it. A version's shards are cut from the
 whole parameter at multiples of `shard_bytes`, exactly as one trainer cuts them (`shard_params`), so the
-manifest is the same whatever the number of ranks. A shard belongs to the rank that holds its first byte;
-the bytes of its tail that lie in later ranks' ranges are sent to it by them: per parameter at most one
-shard's worth per rank boundary, never the whole model onto one rank. Pure functions of the shape.
+manifest is the same whatever the number of ranks. A shard belongs to the rank that holds most of its
+bytes (a tie, e.g. a parameter of one shard split evenly, goes by a hash of the parameter's name, so such
+parameters spread over the ranks instead of all landing on rank 0); the rest of its bytes are sent to it
+by the ranks that hold them: per parameter at most one shard's worth per rank boundary, never the whole
+model onto one rank. Owners never decrease with the offset, so each rank's shards of a parameter are one
+contiguous range. Pure functions of the shape.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ class Layout:
     nbytes: int  # bytes of the whole parameter (in the published dtype)
     regions: tuple[tuple[int, int], ...]  # per rank: [start, end) bytes of the whole parameter it holds
     shard_bytes: int  # the manifest's shard size
+    salt: int = 0  # breaks ties between ranks holding equal parts of a shard (a stable hash of the name)
 
     def shards(self) -> list[tuple[int, int]]:
         """(offset, nbytes) of every shard of the parameter, as `shard_params` cuts them."""
@@ -28,14 +32,16 @@ class Layout:
         return [(o, min(self.shard_bytes, self.nbytes - o)) for o in range(0, self.nbytes, self.shard_bytes)]
 
     def owner(self, offset: int) -> int:
-        """The rank that publishes the shard at `offset`: the one holding its first byte (an empty
-        parameter's one shard: rank 0)."""
-        for r, (start, end) in enumerate(self.regions):
-            if start <= offset < end:
-                return r
+        """The rank that publishes the shard at `offset`: the one holding most of its bytes, ties broken
+        by `salt` (an empty parameter's one shard: rank 0)."""
         if self.nbytes == 0:
             return 0
-        raise ValueError(f"offset {offset} lies outside the {self.nbytes} bytes of the parameter")
+        if not 0 <= offset < self.nbytes:
+            raise ValueError(f"offset {offset} lies outside the {self.nbytes} bytes of the parameter")
+        end = min(offset + self.shard_bytes, self.nbytes)
+        held = [max(0, min(end, b) - max(offset, a)) for a, b in self.regions]
+        most = [r for r, n in enumerate(held) if n == max(held)]
+        return most[self.salt % len(most)]
 
     def owned(self, rank: int) -> list[tuple[int, int]]:
         return [(o, n) for o, n in self.shards() if self.owner(o) == rank]
@@ -58,7 +64,7 @@ class Layout:
         return out
 
 
-def dim0_layout(shape: tuple[int, ...], itemsize: int, world: int, shard_bytes: int) -> Layout:
+def dim0_layout(shape: tuple[int, ...], itemsize: int, world: int, shard_bytes: int, salt: int = 0) -> Layout:
     """A parameter split on dim 0 as FSDP2 splits it (`torch.chunk`), over `world` ranks."""
     if world < 1 or shard_bytes < 1:
         raise ValueError(f"world={world} and shard_bytes={shard_bytes} must be positive")
@@ -68,9 +74,9 @@ def dim0_layout(shape: tuple[int, ...], itemsize: int, world: int, shard_bytes: 
         row_bytes *= d
     chunk = -(-rows // world)  # ceil
     regions = tuple((min(r * chunk, rows) * row_bytes, min((r + 1) * chunk, rows) * row_bytes) for r in range(world))
-    return Layout(rows * row_bytes, regions, shard_bytes)
+    return Layout(rows * row_bytes, regions, shard_bytes, salt)
 
 
 def whole_on_rank0(nbytes: int, world: int, shard_bytes: int) -> Layout:
-    """A parameter every rank holds whole (not sharded): rank 0 publishes it."""
+    """A parameter every rank holds whole (not sharded): rank 0 publishes it (its bytes, the others none)."""
     return Layout(nbytes, ((0, nbytes),) + ((nbytes, nbytes),) * (world - 1), shard_bytes)

@@ -2,7 +2,7 @@
 
 One trainer, or each rank of a sharded one (FSDP2 DTensors, `ownership.py`), publishes the shards it
 owns: a rank's shards are cut from the rows it holds, the tail of a shard that runs into the next ranks'
-rows comes from them point to point (a few bytes per parameter and rank boundary), and the version's
+rows comes from them point to point (at most a shard per parameter and rank boundary), and the version's
 manifest is the union of the ranks' parts, the same manifest one trainer would publish.
 
 On a CUDA device the weights are cast to the published dtype there and compared with the previous
@@ -14,6 +14,8 @@ the sync sends. On the CPU (or where a shard has no previous version) each shard
 whole, and deltas are encoded from the bytes (`WeightEndpoint.publish_part`).
 """
 from __future__ import annotations
+
+import zlib
 
 import numpy as np
 import torch
@@ -52,6 +54,7 @@ class RankPublisher:
         world, rank = _world_and_rank()
         names = sorted(state)
         layouts, locals_ = {}, {}
+        self._fresh: set[str] = set()
         for name in names:
             layouts[name], locals_[name] = self._local(name, state[name], world)
         received = _exchange(layouts, locals_, rank, world)
@@ -65,7 +68,7 @@ class RankPublisher:
             shape = tuple(state[name].shape)
             if not lay.owned(rank):
                 continue
-            span = _span(lay, rank, locals_[name], received.get(name, []))
+            span = _span(lay, rank, locals_[name], received.get(name, []), name in self._fresh)
             keep = self.on_device if self.on_device is not None else span.device.type == "cuda"
             old = prev_spans.get(name) if keep else None
             host = None if keep else span.cpu()  # span is this call's own buffer: no copy on the CPU
@@ -97,13 +100,15 @@ class RankPublisher:
             if tuple(local.placements) != (Shard(0),) or local.device_mesh.size() != world:
                 raise ValueError(f"cannot publish {name}: sharded as {local.placements} over "
                                  f"{local.device_mesh.size()} ranks; expected Shard(0) over {world}")
-            lay = dim0_layout(tuple(local.shape), size, world, self.shard_bytes)
+            lay = dim0_layout(tuple(local.shape), size, world, self.shard_bytes, zlib.crc32(name.encode()))
             local = local.to_local()
         else:  # every rank holds it whole: rank 0 publishes it
             lay = whole_on_rank0(local.numel() * size, world, self.shard_bytes)
         _, rank = _world_and_rank()
         start, end = lay.regions[rank]
         flat = local.to(torch_dtype(self.dtype)).contiguous().reshape(-1).view(torch.uint8)
+        if flat.data_ptr() != local.data_ptr() or not flat.numel():
+            self._fresh.add(name)  # cast or copied: a buffer of its own, which the span may be
         if start == end:
             flat = flat[:0]  # a whole tensor on a rank other than 0, or an empty chunk
         if flat.numel() != end - start:
@@ -154,10 +159,15 @@ def _to_host(t: torch.Tensor) -> torch.Tensor:
     return t.to("cpu", copy=True)
 
 
-def _span(lay: Layout, rank: int, local: torch.Tensor, pieces: list[tuple[int, torch.Tensor]]) -> torch.Tensor:
-    """The bytes of this rank's shards of a parameter: its own rows' part, then the tails sent by others."""
+def _span(lay: Layout, rank: int, local: torch.Tensor, pieces: list[tuple[int, torch.Tensor]],
+          fresh: bool) -> torch.Tensor:
+    """The bytes of this rank's shards of a parameter: its own rows' part, then the tails sent by others.
+    A buffer of its own, never a view of a live parameter; `local` itself where it is one (`fresh`) and
+    already all of it."""
     lo, hi = lay.span(rank)
     start, end = lay.regions[rank]
+    if fresh and not pieces and (lo, hi) == (start, end):
+        return local
     span = torch.empty(hi - lo, dtype=torch.uint8, device=local.device)
     a, b = max(lo, start), min(hi, end)
     if a < b:
