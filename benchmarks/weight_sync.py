@@ -137,13 +137,15 @@ def setup_trainer(model_dir: str, seed: int):
     import torch
 
     from rose.runtime.trainer import Trainer
+    from rose.runtime.weights.publisher import RankPublisher
     from rose.runtime.worker.plugin import rose_worker
 
     torch.set_num_threads(1)
     w = rose_worker()
     w.host.trainer = Trainer(model_dir, seed=seed)
     w.weights.reset(DTYPE)
-    w.weights.publish(w.host.trainer.model.state_dict(), 0)
+    w.host.publisher = RankPublisher(DTYPE, w.weights.shard_bytes)
+    w.host.publish()  # as a run's trainer publishes
     w.weights.mark_synced(0)  # the receivers adopt version 0 from the checkpoint
     return sum(p.numel() for p in w.host.trainer.model.parameters())
 
@@ -189,7 +191,7 @@ def train_and_publish(lr: float, step: int, seed: int) -> dict:
     metrics = w.host.trainer.step(table, GRPOConfig(lr=lr, inner_epochs=1))
     train_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    w.weights.publish(w.host.trainer.model.state_dict(), w.host.trainer.version)
+    w.host.publish()
     publish_s = time.perf_counter() - t0
     bound = version_bound_bytes(w.weights.manifest, w.weights.prev, w.weights.store.get)  # for one receiver
     new = {k: v.detach().to(torch.bfloat16) for k, v in w.host.trainer.model.state_dict().items()}

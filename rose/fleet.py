@@ -51,7 +51,8 @@ def roles_of(client: Client, workers: dict | None = None) -> dict[str, list[str]
 
 
 class TrainerLost(RunError):
-    """The run's trainer worker left; the runner restores a new one from the last checkpoint."""
+    """A worker of the run's trainer left (the trainer, or a rank of a sharded one: `context["worker"]`);
+    the runner restores the trainer from the last checkpoint on the trainer workers still there."""
 
 
 def wait_for_trainer(client: Client, timeout_s: float, poll_s: float = 1.0, gone: str | None = None) -> str:
@@ -149,12 +150,17 @@ class Fleet:
             self.catching_up.add(a)
 
     def check_trainer(self) -> set[str]:
-        """Refresh `roles`; raise TrainerLost if the run's trainer is no longer connected to the scheduler.
-        Returns the addresses of every connected worker."""
+        """Refresh `roles`; raise TrainerLost if the run's trainer, or a rank of it (a sharded trainer's
+        peer), is no longer connected to the scheduler. Returns the addresses of every connected worker."""
         workers = scheduler_workers(self.client)
         self.roles = roles_of(self.client, workers)
         if self.trainer not in workers:
-            raise TrainerLost(f"the trainer worker {self.trainer} left the run ({self._departure(self.trainer)})")
+            raise TrainerLost(f"the trainer worker {self.trainer} left the run ({self._departure(self.trainer)})",
+                              worker=self.trainer)
+        for peer in getattr(self.spec, "trainer_peers", ()):
+            if peer not in workers:
+                raise TrainerLost(f"trainer worker {peer}, a rank of the trainer sharded from {self.trainer}, left "
+                                  f"the run ({self._departure(peer)})", worker=peer)
         return set(workers)
 
     def _departure(self, addr: str) -> str:

@@ -83,12 +83,26 @@ class RunState:
         except TrainerLost:
             raise
         except Exception as e:
+            self._raise_if_trainer_lost(e)
             # Keep what the finished steps produced: the caller (and `rose run`) can save it.
             err = RunError(f"step {action.step} failed: {type(e).__name__}: {e}", step=action.step,
                            weight_version=self.version)
             err.report = self.report()
             self.release()
             raise err from e
+
+    def _raise_if_trainer_lost(self, e: Exception) -> None:
+        """A step that failed because a worker of the trainer left (a sharded trainer's collective fails
+        at once when a rank dies, before any poll sees the departure) raises TrainerLost, not RunError:
+        the runner rebuilds the trainer on the trainer workers still there."""
+        if self.fleet is None:
+            return
+        try:
+            self.fleet.check_trainer()
+        except TrainerLost as lost:
+            raise lost from e
+        except Exception:  # noqa: BLE001 - the scheduler unreachable too: report the step's own failure
+            return
 
     def _checkpoint_due(self, step: int) -> bool:
         every = self.pipeline.checkpoint_every

@@ -180,7 +180,7 @@ def _run(pipeline, client, spec, steps, progress, on_step, run_dir, persist, ckp
                             on_step(row)
             except TrainerLost as e:
                 run.release()
-                restarts, gone = restarts + 1, run.fleet.trainer if run.fleet else None
+                restarts, gone = restarts + 1, e.context.get("worker") or (run.fleet.trainer if run.fleet else None)
                 if restarts > TRAINER_RESTARTS:
                     err = RunError(f"the trainer was lost {restarts} times (last: {e}); giving up", step=len(run.rows))
                     err.report = run.report()

@@ -11,7 +11,9 @@ No launcher: the process group is bootstrapped through Dask. Rank 0 picks a free
 and the address travels to the peers inside their task's arguments (through the scheduler). gloo on CPU
 hosts, nccl where the trainers have CUDA devices. A peer that dies closes its connections and the
 collective under way fails at once; rank 0's task then names the peers that left (`peer_errors`). A
-peer that hangs is waited for at most `GROUP_TIMEOUT_S`. A lost peer is not rejoined mid-run.
+peer that hangs is waited for at most `GROUP_TIMEOUT_S`. A lost peer is not rejoined mid-run: the driver
+sees the failed step as a lost trainer worker and rebuilds the trainer, on the trainer workers still
+connected, from the last checkpoint (`rose.fleet.TrainerLost`).
 """
 from __future__ import annotations
 
@@ -92,8 +94,8 @@ def peer_errors(futures: list, peers: tuple[str, ...] = ()):
         gone = _departed(peers)
         if gone:
             raise RuntimeError(f"trainer peer(s) {', '.join(gone)} left the cluster during a collective step of "
-                               f"the sharded trainer ({type(e).__name__}: {e}); a lost peer is not rejoined "
-                               f"mid-run, so the run cannot go on (resume it from its last checkpoint)") from e
+                               f"the sharded trainer ({type(e).__name__}: {e}); a lost peer is not rejoined: "
+                               f"the trainer is rebuilt on the ranks left, from the last checkpoint") from e
         raise
 
 
