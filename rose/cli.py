@@ -1,5 +1,5 @@
 """`rose` command line: `rose run PIPELINE.py [--steps N] [--seed S] [--out DIR] [--resume DIR]
-[--algorithm grpo|dapo] [--track tensorboard|mlflow|wandb] [--verbose] [--json]`, and
+[--algorithm grpo|dapo] [--track tensorboard|mlflow|wandb] [--trainers N] [--verbose] [--json]`, and
 `rose serve-load URL [--trace FILE | --rate R --burst ...] [--duration S]`, and
 `rose sim CONFIG.toml [--out DIR] [--json]` (the cluster simulator)."""
 from __future__ import annotations
@@ -55,9 +55,12 @@ def _fmt(v) -> str:
                    "wandb offline unless WANDB_MODE=online)")
 @click.option("--verbose", is_flag=True, help="show the local workers' vLLM and torch messages here (default: in "
                                                "OUT/logs/WORKER.log)")
+@click.option("--trainers", type=click.IntRange(min=1), default=None,
+              help="trainer workers of the local cluster, one model sharded over them (default: the pipeline's "
+                   "ClusterConfig); with --scheduler, start that many `--rose-role trainer` workers instead")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON summary line last")
 def run_cmd(pipeline, steps, seed, out, scheduler, staleness, resume, checkpoint_every, algorithm, track, verbose,
-            as_json):
+            trainers, as_json):
     """Run a pipeline's RL steps and report per-step metrics."""
     import rose
     from rose.errors import RoseError
@@ -78,8 +81,15 @@ def run_cmd(pipeline, steps, seed, out, scheduler, staleness, resume, checkpoint
 
     from rose.errors import RunError
 
+    if trainers is not None and scheduler is not None:
+        raise click.UsageError("--trainers sets up the local cluster; a cluster at --scheduler has the trainer "
+                               "workers started on it (`dask worker ... --rose-role trainer`, one per rank)")
     try:
         p = rose.load_pipeline(pipeline)
+        if trainers is not None:
+            from dataclasses import replace
+
+            p = replace(p, cluster=replace(p.cluster, num_trainers=trainers))
         out = out or resume or os.path.join("runs", p.name)
         report = rose.run(p, cluster=scheduler, steps=steps, seed=seed, on_step=on_step, staleness=staleness,
                           out=out, resume=resume, checkpoint_every=checkpoint_every, algorithm=algorithm,

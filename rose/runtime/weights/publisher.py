@@ -1,17 +1,18 @@
 """The trainer's side of publishing a version: shards cut and hashed from the weights where they live.
 
 One trainer, or each rank of a sharded one (FSDP2 DTensors, `ownership.py`), publishes the shards it
-owns: a rank's shards are cut from the rows it holds, the tail of a shard that runs into the next ranks'
+owns: a rank's shards are cut from the rows it holds, the rest of a shard that runs into other ranks'
 rows comes from them point to point (at most a shard per parameter and rank boundary), and the version's
 manifest is the union of the ranks' parts, the same manifest one trainer would publish.
 
 On a CUDA device the weights are cast to the published dtype there and compared with the previous
-version's bytes, kept there (the published dtype's copy of this rank's part): an unchanged shard keeps
-its hash and never leaves the device; a changed one sends the host only its changed elements' positions
-and values (when under half changed), and the host rebuilds its bytes from the previous version's to
-hash them, with the delta receivers get encoded from the same arrays. The host then receives about what
-the sync sends. On the CPU (or where a shard has no previous version) each shard is copied and hashed
-whole, and deltas are encoded from the bytes (`WeightEndpoint.publish_part`).
+version's bytes, kept there (this rank's part in the published dtype: in bf16, 2 bytes a parameter over
+the ranks, e.g. 1.75 GiB a GPU for a 7B model on 8). An unchanged shard keeps its hash and never leaves
+the device; a changed one sends the host only its changed elements' positions and values (when under
+half changed), and the host rebuilds its bytes from the previous version's to hash them, with the delta
+receivers get encoded from the same arrays. The host then receives about what the sync sends. On the
+CPU (or where a shard has no previous version) each shard is copied and hashed whole, and deltas are
+encoded from the bytes (`WeightEndpoint.hold`).
 """
 from __future__ import annotations
 
