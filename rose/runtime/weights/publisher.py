@@ -46,16 +46,18 @@ class RankPublisher:
         self._prev: dict[str, tuple[int, torch.Tensor]] = {}  # name -> (span lo, the span's bytes on device)
         self._prev_refs: dict[tuple[str, int], ShardRef] = {}  # (name, offset) -> the shard published last
         self.host_bytes = 0  # bytes copied from the device to the host by the last `part`
+        self._fresh: set[str] = set()  # names whose cast made a buffer of its own (no live weight behind it)
 
     def part(self, state: dict[str, torch.Tensor], version: int, base_bytes) -> tuple[Manifest, dict, dict]:
         """(this rank's shards as a manifest, {hash: bytes} of those not published before, {(base, target):
-        Delta, or None where sending the shard whole is no larger} encoded from the device's arrays). `state`: every weight by name (DTensors sharded on dim 0 under FSDP2, or whole);
-        `base_bytes(hash)`: the bytes of a shard this rank published last. A collective with a process
-        group: every rank calls it with the same names."""
+        Delta, or None where sending the shard whole is no larger} encoded from the device's arrays).
+        `state`: every weight by name (DTensors sharded on dim 0 under FSDP2, or whole); `base_bytes(hash)`:
+        the bytes of a shard this rank published last. A collective with a process group: every rank
+        calls it with the same names."""
         world, rank = _world_and_rank()
         names = sorted(state)
         layouts, locals_ = {}, {}
-        self._fresh: set[str] = set()
+        self._fresh = set()
         for name in names:
             layouts[name], locals_[name] = self._local(name, state[name], world)
         received = _exchange(layouts, locals_, rank, world)
