@@ -14,6 +14,14 @@ from tests.integration.test_pipelines import LOGPROB_TOLERANCE
 pytestmark = pytest.mark.integration
 
 
+def _held(dask_worker):
+    """(version, sorted shard hashes) of the manifest this worker's weight endpoint holds."""
+    from rose.runtime.worker.plugin import rose_worker_of
+
+    m = rose_worker_of(dask_worker).weights.manifest
+    return m.version, sorted(s.hash for s in m.shards)
+
+
 def _trainer_state(dask_worker):
     import torch.distributed as dist
 
@@ -51,8 +59,12 @@ def test_a_run_on_two_sharded_trainer_workers(tmp_path):
         assert {s["version"] for s in states.values()} == {3}  # every rank took every step
         assert all(s["local_rows"] == s["rows"] // 2 for s in states.values())  # each holds half
         assert all(s["served_bytes"] > 0 and s["own_shards"] > 0 for s in states.values())  # both served
-        # Rank 0 syncs from the union of the parts (a peer's manifest is its own part).
+        # Rank 0 syncs from the union of the parts (a peer's manifest is its own part), and the engine's
+        # worker holds exactly that version: every shard, each verified by its hash on arrival.
         assert max(s["manifest_shards"] for s in states.values()) == sum(s["own_shards"] for s in states.values())
+        held = client.run(_held, workers=trainers + roles_of(client)["dedicated"])
+        rank0 = max(trainers, key=lambda a: len(held[a][1]))
+        assert all(held[a] == held[rank0] for a in roles_of(client)["dedicated"]) and held[rank0][0] == 3
         # Checkpoints were gathered from both ranks and written by rank 0; a resumed run trains on from one.
         more = rose.run(p, cluster=client, progress=False, resume=str(tmp_path / "run"), steps=5)
         assert list(more.metrics["weight_version"])[-2:] == [4, 5]
