@@ -16,6 +16,10 @@ Both go over the same Dask comm handlers; times are the transfer phase of each (
 included, publishing and the final swap excluded from both). Receivers here are ROSE worker
 endpoints without an engine (the swap into vLLM is covered by tests/integration/test_weight_sync.py).
 Exact: every receiver's weights hash equal to the trainer's own parameters cast to bf16.
+Device path: the trainer also publishes each version through the publisher's device path (what a CUDA
+trainer runs: the previous version kept where the weights are, only changed elements copied out; forced
+on here, where the weights are on the CPU): `device_copy_ratio` is the bytes it copies to the host over
+the version's bytes, `device_path_exact` that its shards are exactly those published.
 Bound: after each publish the trainer computes the entropy bound of the step's change
 (`rose/runtime/weights/bound.py`: per changed shard, which elements changed at their density plus the
 empirical entropy of the bit differences, or the dense shard where that is smaller), once per
@@ -146,8 +150,23 @@ def setup_trainer(model_dir: str, seed: int):
     w.weights.reset(DTYPE)
     w.host.publisher = RankPublisher(DTYPE, w.weights.shard_bytes)
     w.host.publish()  # as a run's trainer publishes
-    w.weights.mark_synced(0)  # the receivers adopt version 0 from the checkpoint
+    w.weights.mark_synced(0)
+    # Beside it, the publisher's device path (what a CUDA trainer runs; forced on here, where the "device"
+    # is the CPU): the bytes it would copy to the host, and whether its shards are the host path's.
+    w.host.device_probe = (RankPublisher(DTYPE, w.weights.shard_bytes, on_device=True), {})
+    _probe(w)  # the receivers adopt version 0 from the checkpoint
     return sum(p.numel() for p in w.host.trainer.model.parameters())
+
+
+def _probe(w) -> dict:
+    """Publish the trainer's weights again through the device path; compare with what was published."""
+    pub, store = w.host.device_probe
+    own, data, _ = pub.part(w.host.trainer.model.state_dict(), w.host.trainer.version, store.__getitem__)
+    store.update(data)
+    for h in set(store) - own.hashes():
+        del store[h]
+    return {"device_copy_bytes": pub.host_bytes, "version_bytes": own.nbytes,
+            "device_path_exact": own == w.weights.manifest}
 
 
 def setup_receiver(model_dir: str):
@@ -198,7 +217,8 @@ def train_and_publish(lr: float, step: int, seed: int) -> dict:
     changed = sum(delta.changed_fraction(old[k], new[k]) * new[k].numel() for k in new)
     total = sum(v.numel() for v in new.values())
     return {"version": w.host.trainer.version, "changed_fraction": changed / total, "train_s": train_s,
-            "publish_s": publish_s, "bound_bytes": bound, "loss": metrics.get("loss", float("nan")), "np": int(np.int64(total))}
+            "publish_s": publish_s, **_probe(w), "bound_bytes": bound, "loss": metrics.get("loss", float("nan")),
+            "np": int(np.int64(total))}
 
 
 async def run_sync(receivers: list[str], mode: str, commit: bool) -> dict:
@@ -258,7 +278,9 @@ def bench_case(client, trainer, receivers, model_dir, lr, steps, seed) -> dict:
             "exact": all(r["exact"] for r in rows),
             "cross_full": sum(r["full"]["cross_site_bytes"] for r in rows),
             "cross_rose": sum(r["rose"]["cross_site_bytes"] for r in rows),
-            "refetches": sum(r["rose"]["refetches"] for r in rows)}
+            "refetches": sum(r["rose"]["refetches"] for r in rows),
+            "device_copy_ratio": sum(r["device_copy_bytes"] for r in rows) / sum(r["version_bytes"] for r in rows),
+            "device_path_exact": all(r["device_path_exact"] for r in rows)}
 
 
 def main():
@@ -300,13 +322,14 @@ def main():
     print(f"\nweight sync: {args.receivers} receivers in 2 sites ({link.describe()}), bf16 weights, "
           f"{steps} steps per case")
     print(f"{'model':<8}{'params':>12}{'lr':>8}{'changed':>9}{'full MB':>10}{'rose MB':>9}{'ratio':>8}{'bound MB':>9}{'/bound':>8}"
-          f"{'link full MB':>13}{'link rose MB':>13}{'full s':>8}{'rose s':>8}{'speedup':>9}{'exact':>7}")
+          f"{'link full MB':>13}{'link rose MB':>13}{'full s':>8}{'rose s':>8}{'speedup':>9}{'exact':>7}"
+          f"{'dev->host':>10}")
     for (name, lr), r in results.items():
         print(f"{name:<8}{r['params']:>12,}{lr:>8.0e}{r['changed_fraction']:>9.4f}{r['full_bytes'] * mb:>10.1f}"
               f"{r['sent_bytes'] * mb:>9.2f}{r['bytes_ratio']:>8.1f}{r['bound_bytes'] * mb:>9.2f}"
               f"{r['bytes_over_bound']:>8.3f}{r['cross_full'] * mb:>13.1f}"
               f"{r['cross_rose'] * mb:>13.2f}{r['time_full_s']:>8.2f}{r['time_rose_s']:>8.2f}{r['speedup']:>9.1f}"
-              f"{str(r['exact']):>7}")
+              f"{str(r['exact']):>7}{r['device_copy_ratio']:>10.4f}")
     headline = ("101M" if "101M" in models else "default", 1e-6)
     h = results[headline]
     print(f"\nheadline: model {headline[0]}, lr {headline[1]:.0e} (targets: bytes_ratio >= 30, speedup >= 10, "
@@ -317,6 +340,8 @@ def main():
                       "bound_bytes": round(h["bound_bytes"]), "bytes_over_bound": round(h["bytes_over_bound"], 3),
                       "time_full_s": round(h["time_full_s"], 3), "time_rose_s": round(h["time_rose_s"], 3),
                       "speedup": round(h["speedup"], 1), "exact": h["exact"], "link": link.describe(),
+                      "device_copy_ratio": round(h["device_copy_ratio"], 4),
+                      "device_path_exact": h["device_path_exact"],
                       "model": headline[0], "lr": headline[1], "quick": args.quick}))
 
 
