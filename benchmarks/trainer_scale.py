@@ -100,18 +100,19 @@ def rank_main(rank: int, world: int, port: int, model_dir: str, rows: int, threa
     own, data, _ = RankPublisher("bfloat16", 1 << 20).part(trainer.model.state_dict(), trainer.version, None)
     publish_s = time.perf_counter() - t1
     full = trainer.full_state_dict()
-    peaks = [None] * world
-    dist.all_gather_object(peaks, (peak, publish_s, own, {h: bytes(b) for h, b in data.items()}))
+    gathered = [None] * world  # every rank's (peak, publish seconds, its shards, their bytes)
+    dist.all_gather_object(gathered, (peak, publish_s, own, {h: bytes(b) for h, b in data.items()}))
     if rank == 0:
         torch.save({"weights": full}, out + ".weights")
-        whole = union([p[2] for p in peaks])
-        held = {h: b for p in peaks for h, b in p[3].items()}
+        whole = union([g[2] for g in gathered])
+        held = {h: b for g in gathered for h, b in g[3].items()}
         got = assemble(whole, held.__getitem__)
         exact = whole == shard_params(full, trainer.version, "bfloat16", 1 << 20)[0] and set(got) == set(full) \
             and all(torch.equal(got[k], v.to(torch.bfloat16)) for k, v in full.items())
         with open(out, "w") as f:
-            json.dump({"peak_mb": [p[0] for p in peaks], "seconds": seconds, "tokens": tokens, "sync_exact": exact,
-                       "publish_s": [round(p[1], 3) for p in peaks], "shards": [len(p[2].shards) for p in peaks]}, f)
+            json.dump({"peak_mb": [g[0] for g in gathered], "seconds": seconds, "tokens": tokens, "sync_exact": exact,
+                       "publish_s": [round(g[1], 3) for g in gathered], "shards": [len(g[2].shards) for g in gathered]},
+                      f)
     dist.destroy_process_group()
 
 

@@ -47,7 +47,7 @@ def test_every_shard_has_one_owner_and_each_gets_exactly_its_bytes(shape, size, 
 def _state(seed=0):
     g = torch.Generator().manual_seed(seed)
     return {"a.weight": torch.randn(40, 24, generator=g), "b.bias": torch.randn(24, generator=g),
-            "empty": torch.zeros(0), "tied": torch.randn(10, 8, generator=g)}
+            "empty": torch.zeros(0), "c.weight": torch.randn(10, 8, generator=g)}
 
 
 @pytest.mark.parametrize("on_device", [False, True])
