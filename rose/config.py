@@ -98,6 +98,10 @@ class EngineConfig:
         _positive(c, "env_timeout_s", self.env_timeout_s)
         _positive(c, "weight_shard_kib", self.weight_shard_kib)
 
+    @property
+    def weight_shard_bytes(self) -> int:
+        return self.weight_shard_kib * 1024
+
 
 ALGORITHMS = ("grpo", "dapo")
 LOSS_AGG = ("token", "sequence")

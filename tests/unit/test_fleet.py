@@ -108,3 +108,17 @@ def test_a_worker_whose_heartbeat_lacks_its_report_is_not_taken_for_gone():
     client.workers.update({"tcp://t": None, "tcp://d": None})  # still connected, no report this time
     f.poll(0)
     assert f.ready == ["tcp://d"] and f.lost == {}
+
+
+def test_a_sharded_trainers_rank_that_left_is_a_lost_trainer_naming_it():
+    from types import SimpleNamespace
+
+    from rose.fleet import TrainerLost
+
+    client = FakeClient({"tcp://t": "trainer", "tcp://d": "dedicated"})
+    f = Fleet(client, spec=SimpleNamespace(trainer_peers=("tcp://p",)), trainer="tcp://t", ready=["tcp://d"])
+    with pytest.raises(TrainerLost, match="tcp://p, a rank of the trainer") as lost:
+        f.check_trainer()
+    assert lost.value.context["worker"] == "tcp://p"  # the runner rebuilds the trainer without it
+    client.workers["tcp://p"] = "trainer"
+    assert "tcp://p" in f.check_trainer()

@@ -2,7 +2,6 @@
 publishes which shard, one trainer's part equal to `shard_params`, the device-side diff giving the same
 shards and deltas while copying only the changes, and 2 FSDP2 ranks over gloo (real processes) whose
 parts make exactly the manifest and bytes one trainer publishes."""
-import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -132,7 +131,6 @@ def test_union_refuses_a_position_published_twice():
     own, _, _ = RankPublisher("bfloat16", 256).part(_state(), 0, None)
     with pytest.raises(ValueError, match="same position"):
         union([own, own])
-    assert np.all([s.slice == "" for s in own.shards])
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -149,7 +149,7 @@ class ServingHost(Host):
             self.executor.load_weights(checkpoint, spec.version).result()
         self.tokenizer = AutoTokenizer.from_pretrained(spec.model_dir)
         # What the rollout engine holds, as shards: the base of the first sync's deltas.
-        self.weights.reset(spec.engine.dtype, spec.engine.weight_shard_kib * 1024)
+        self.weights.reset(spec.engine.dtype, spec.engine.weight_shard_bytes)
         self.weights.adopt(checkpoint, spec.version)
         self.spec = spec
 

@@ -14,6 +14,7 @@ contiguous range. Pure functions of the shape.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 
 @dataclass(frozen=True)
@@ -43,8 +44,13 @@ class Layout:
         most = [r for r, n in enumerate(held) if n == max(held)]
         return most[self.salt % len(most)]
 
+    @cached_property
+    def _owners(self) -> list[int]:
+        """The owner of each shard, in offset order (computed once: publishing asks per rank and per pair)."""
+        return [self.owner(o) for o, _ in self.shards()]
+
     def owned(self, rank: int) -> list[tuple[int, int]]:
-        return [(o, n) for o, n in self.shards() if self.owner(o) == rank]
+        return [s for s, r in zip(self.shards(), self._owners) if r == rank]
 
     def span(self, rank: int) -> tuple[int, int]:
         """[lo, hi) bytes covered by `rank`'s shards (lo == hi: it publishes none of this parameter)."""

@@ -21,19 +21,12 @@ import zlib
 import numpy as np
 import torch
 
+from rose.runtime.sharding import world_and_rank
 from rose.runtime.weights import delta as deltas
 from rose.runtime.weights.ownership import Layout, dim0_layout, whole_on_rank0
 from rose.runtime.weights.shards import Manifest, ShardRef, itemsize, shard_hash, torch_dtype
 
 _INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32}  # same-width integer views for bitwise comparing
-
-
-def _world_and_rank() -> tuple[int, int]:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size(), dist.get_rank()
-    return 1, 0
 
 
 class RankPublisher:
@@ -54,7 +47,7 @@ class RankPublisher:
         `state`: every weight by name (DTensors sharded on dim 0 under FSDP2, or whole); `base_bytes(hash)`:
         the bytes of a shard this rank published last. A collective with a process group: every rank
         calls it with the same names."""
-        world, rank = _world_and_rank()
+        world, rank = world_and_rank()
         names = sorted(state)
         layouts, locals_ = {}, {}
         self._fresh = set()
@@ -107,7 +100,7 @@ class RankPublisher:
             local = local.to_local()
         else:  # every rank holds it whole: rank 0 publishes it
             lay = whole_on_rank0(local.numel() * size, world, self.shard_bytes)
-        _, rank = _world_and_rank()
+        _, rank = world_and_rank()
         start, end = lay.regions[rank]
         flat = local.to(torch_dtype(self.dtype)).contiguous().reshape(-1).view(torch.uint8)
         if flat.data_ptr() != local.data_ptr() or not flat.numel():

@@ -42,7 +42,7 @@ class RolloutHost(Host):
             if spec.weights_dir is not None or spec.version != 0:  # a resumed run: the checkpoint's weights
                 self.engine.load_weights(checkpoint, spec.version).result()
         # What the engine holds, as shards: the base of the first sync's deltas.
-        self.weights.reset(spec.engine.dtype, spec.engine.weight_shard_kib * 1024)
+        self.weights.reset(spec.engine.dtype, spec.engine.weight_shard_bytes)
         self.weights.adopt(checkpoint, spec.version)
         self.spec = spec
 

@@ -52,7 +52,7 @@ class TrainerHost(Host):
         from rose.runtime.weights.publisher import RankPublisher
 
         torch.set_num_threads(max(1, len(self.cores) if self.cores else 1))
-        self.weights.reset(spec.engine.dtype, spec.engine.weight_shard_kib * 1024)
+        self.weights.reset(spec.engine.dtype, spec.engine.weight_shard_bytes)
         self.publisher = RankPublisher(self.weights.dtype, self.weights.shard_bytes)
         self.trainer = Trainer(spec.model_dir, seed=spec.seed, temperature=spec.engine.temperature)
         if spec.weights_dir is not None:  # a resumed run, or a replaced trainer: the checkpoint's state
@@ -73,15 +73,13 @@ class TrainerHost(Host):
         if trainer.rank == 0:
             weights.wait_before_publish()
         own, data, encoded = self.publisher.part(trainer.model.state_dict(), trainer.version, weights.store.get)
-        if trainer.world == 1:
-            weights.hold(own, data, encoded)
-            return
-        held = weights.own.hashes() if weights.own is not None else frozenset()  # its part of the version before
-        parts = [None] * trainer.world
-        dist.all_gather_object(parts, (own, weights.worker.address, weights.site, frozenset(held)))
-        if trainer.rank != 0:
-            weights.hold(own, data, encoded)
-            return
-        origins = tuple(Origin(address, site, frozenset(part.hashes()) | before)
-                        for part, address, site, before in parts)
-        weights.hold(own, data, encoded, whole=union([p[0] for p in parts]), origins=origins)
+        whole, origins = None, ()
+        if trainer.world > 1:
+            held = weights.own.hashes() if weights.own is not None else frozenset()  # its part of the version before
+            parts = [None] * trainer.world
+            dist.all_gather_object(parts, (own, weights.worker.address, weights.site, frozenset(held)))
+            if trainer.rank == 0:
+                whole = union([p[0] for p in parts])
+                origins = tuple(Origin(address, site, frozenset(part.hashes()) | before)
+                                for part, address, site, before in parts)
+        weights.hold(own, data, encoded, whole=whole, origins=origins)
