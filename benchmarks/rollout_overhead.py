@@ -2,11 +2,12 @@
 
 Same episodes (guess env, same seeds, same per-turn sampling seeds, temperature 1) two ways, in one run:
 - rose:   the step graph's rollout tasks (one per GRPO group) placed by rose.plugin on a LocalRoseCluster
-          dedicated worker with its default slots (agent loop on the worker's event loop, engine loop
-          thread, Arrow record batches back to the driver);
+          dedicated worker with its default slots (agent loops on the engine loop thread's event loop,
+          Arrow record batches back to the driver);
 - direct: vLLM's `LLM.generate` in this process, all live episodes batched per turn, envs stepped here.
 Both engines are bound to the same single core and built from the same engine arguments
-(`engine_kwargs`), and both stay up for the whole run; rounds alternate between the two paths.
+(`engine_kwargs`), both processes collect garbage as a ROSE worker does (`tune_gc`), and both stay up
+for the whole run; rounds alternate between the two paths.
 Throughput is generated tokens per wall second over the timed rounds after one warm-up round.
 `ratio` is for synchronous rounds (each round's rollouts submitted, run and gathered before the next:
 a synchronous step's rollout phase); `ratio_async` for the same rounds with the next one submitted
@@ -47,7 +48,7 @@ def serve_direct(model_dir, engine_cfg, max_len, n, seed):
     from vllm import LLM, SamplingParams
 
     from rose.envs import make_env
-    from rose.models.tokens import encode
+    from rose.models.tokens import decode, encode
     from rose.runtime.engine.vllm_engine import engine_kwargs
 
     llm = LLM(**engine_kwargs(model_dir, engine_cfg, max_len, seed))  # ROSE's engine, argument for argument
@@ -74,7 +75,7 @@ def serve_direct(model_dir, engine_cfg, max_len, n, seed):
             for i, o in zip(alive, outs):
                 ids = list(o.outputs[0].token_ids)
                 gen_tokens += len(ids)
-                res = envs[i].step(tok.decode(ids, skip_special_tokens=True))
+                res = envs[i].step(decode(tok, ids))
                 ctx[i] += ids + encode(tok, res.observation)
                 if not res.done and turn + 1 < envs[i].max_turns:
                     still.append(i)
@@ -202,6 +203,9 @@ def main():
     engine_cfg = EngineConfig() if args.batch_hold_ms is None else EngineConfig(batch_hold_ms=args.batch_hold_ms)
     model_dir = prepare_model(model_cfg, env_class("guess"), seed=args.seed)
     if args.direct_only:
+        from rose.runtime.worker.process import tune_gc
+
+        tune_gc()  # as a ROSE worker does
         configure_vllm_env(engine_cfg, [CORE])
         os.sched_setaffinity(0, {CORE})
         serve_direct(model_dir, engine_cfg, model_cfg.max_model_len, n, args.seed)

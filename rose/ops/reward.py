@@ -44,6 +44,11 @@ def env_reward(batch: pa.RecordBatch) -> Sequence[float]:
 def as_reward(v) -> float | None:
     """`v` as a reward that survives the float32 reward column: a finite number, or None for anything
     else (NaN, inf, a float64 or int past float32's range, a string, None, an array)."""
+    if type(v) is float or type(v) is int:
+        if -3.4e38 < v < 3.4e38:  # inside float32's range (NaN fails both): the common case, no overflow
+            return float(np.float32(v))
+        if type(v) is float:
+            return None
     if not isinstance(v, numbers.Real):
         return None
     try:

@@ -31,6 +31,8 @@ import pyarrow as pa
 from rose.errors import EngineError, EnvError, PromptTooLongError
 from rose.envs.base import StepResult, inline_by_name, is_inline, replay
 from rose.envs.deadline import DeadlineExceeded, call_with_deadline
+from rose.models.tokens import decode
+from rose.ops.engine_loop_run import on_engine_loop
 from rose.models.turns import turn_format
 from rose.ops.reward import as_reward
 from rose.runtime.engine.base import SamplingSpec
@@ -106,11 +108,15 @@ async def _generate(engine, prompt: list[int], sampling: SamplingSpec, request_i
     sent again (same prompt, same seed) rather than failing its trajectory. A request the engine
     refuses on its own account (too long, bad tokens) is not retried; one not answered in `timeout_s`
     fails with that reason."""
+    here = getattr(engine, "on_loop", None)
+    here = here is not None and here()  # this rollout runs on the engine's own loop: no thread crossed
     for attempt in range(ENGINE_RETRIES + 1):
         try:
-            fut = asyncio.wrap_future(engine.generate(prompt, sampling, request_id=request_id))
-            return await asyncio.wait_for(fut, timeout_s)
-        except asyncio.TimeoutError:
+            fut = engine.agenerate(prompt, sampling, request_id=request_id) if here else \
+                asyncio.wrap_future(engine.generate(prompt, sampling, request_id=request_id))
+            async with asyncio.timeout(timeout_s):
+                return await fut
+        except TimeoutError:
             raise EngineError(f"no answer from the engine in {timeout_s:g} s (request_timeout_s)",
                               request_id=request_id) from None
         except EngineError as e:
@@ -207,7 +213,7 @@ async def agent_loop(spec: RolloutSpec, env, engine_loop, tokenizer, max_model_l
             traj.add_generated(gen.token_ids, gen.logprobs, gen.weight_versions)
             traj.turn_workers.append(worker)
             traj.queue_s += gen.queue_s
-            action = tokenizer.decode(gen.token_ids, skip_special_tokens=True)
+            action = decode(tokenizer, gen.token_ids)
             traj.actions.append(action)
             result = _checked_step(spec, turn, await env_call(spec, "step", turn, env.step, action, inline=inline))
             traj.env_reward += float(result.reward)
@@ -243,6 +249,21 @@ async def _one(spec: RolloutSpec, w, state, stop) -> Trajectory | Partial:
     return traj
 
 
+def failed_group(specs, states, e: Exception, w) -> list[Trajectory]:
+    """The group's rows when its run failed as a whole: trajectories finished before (a resumed group)
+    as they were, every other one failed with `e`, its turns so far kept."""
+    out = []
+    for spec, state in zip(specs, states):
+        if isinstance(state, Trajectory):
+            out.append(state)
+            continue
+        traj = state.traj if isinstance(state, Partial) else spec.trajectory()
+        traj.finish_reason, traj.error = "failed", f"{type(e).__name__}: {e}"
+        traj.worker, traj.placement = w.address, "dedicated" if w.role == "dedicated" else "serving"
+        out.append(traj)
+    return out
+
+
 async def _run_group(specs, states, key: str | None, attempt: int) -> pa.RecordBatch | Continuation:
     from rose.runtime.worker.plugin import rose_worker
 
@@ -251,8 +272,12 @@ async def _run_group(specs, states, key: str | None, attempt: int) -> pa.RecordB
         raise RuntimeError(f"worker {w.address} (role {w.role}) has no rollout engine; was it prepared?")
     w.rollout_started(key, sum(not isinstance(s, Trajectory) for s in states))
     try:
-        out = list(await asyncio.gather(*(_one(s, w, st, lambda: w.should_shed(key))
-                                          for s, st in zip(specs, states))))
+        try:
+            out = list(await on_engine_loop(w.host.engine, lambda: asyncio.gather(
+                *(_one(s, w, st, lambda: w.should_shed(key)) for s, st in zip(specs, states))),
+                stall_s=max(s.request_timeout_s for s in specs)))
+        except EngineError as e:  # the engine stalled: every unfinished trajectory fails with the reason
+            out = failed_group(specs, states, e, w)
         affinity = w.affinity(key)
     finally:
         w.rollout_ended(key)

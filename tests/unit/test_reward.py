@@ -1,9 +1,10 @@
 import math
 
+import numpy as np
 import pytest
 
 from rose.errors import RewardError
-from rose.ops.reward import apply_reward
+from rose.ops.reward import apply_reward, as_reward
 from rose.runtime.trajectory import Trajectory, to_batch
 
 
@@ -108,3 +109,11 @@ def test_reward_error_pickles_with_context():
     e = RewardError("bad", trajectory_id="s1-g0-i1")
     e2 = pickle.loads(pickle.dumps(e))
     assert e2.context == {"trajectory_id": "s1-g0-i1"} and "s1-g0-i1" in str(e2)
+
+
+@pytest.mark.parametrize("value, expected", [
+    (0.1, float(np.float32(0.1))), (-7, -7.0), (True, 1.0), (np.float64(2.5), 2.5), (3.3e38, float(np.float32(3.3e38))),
+    (-3.3e38, float(np.float32(-3.3e38))), (3.5e38, None), (1e39, None), (-10**39, None), (10**400, None),
+    (float("nan"), None), (float("-inf"), None), ("1", None), (None, None)])
+def test_as_reward_is_the_float32_value_or_none(value, expected):
+    assert as_reward(value) == expected

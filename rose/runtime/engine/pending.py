@@ -1,6 +1,7 @@
 """Rollout requests in flight in an engine, shared by the engine loop and the co-serving executor.
 
-A caller's request is a future and the `Generation` it accumulates. After each engine iteration its
+A caller's request is a future (a `concurrent.futures` one, or an asyncio one for a caller on the owning
+thread's event loop) and the `Generation` it accumulates. After each engine iteration its
 outputs are routed here into their requests by engine request id: an error fails that request alone,
 new tokens are appended stamped with the weight version that made them, and a finished request
 resolves its future. The owning thread keeps the table; nothing here locks.
@@ -25,19 +26,30 @@ def engine_future() -> Future:
     return fut
 
 
+def settle(fut, result) -> None:
+    """Resolve `fut` with `result` (an exception: set as such), unless it is already done: an asyncio
+    future whose caller stopped waiting is cancelled, and setting it would raise."""
+    if fut.done():
+        return
+    if isinstance(result, BaseException):
+        fut.set_exception(result)
+    else:
+        fut.set_result(result)
+
+
 @dataclass
 class PendingRollout:
     """One rollout request not yet resolved."""
 
     request_id: str  # the caller's id, made unique (errors name it)
-    future: Future  # resolves to `gen`
+    future: Future  # resolves to `gen` (or an asyncio.Future, on the owner's event loop)
     gen: Generation = field(default_factory=Generation)
     t_submit: float = field(default_factory=time.perf_counter)  # perf_counter seconds
 
     def finish(self, reason: str | None, now: float) -> None:
         self.gen.finish_reason = reason
         self.gen.total_s = now - self.t_submit
-        self.future.set_result(self.gen)
+        settle(self.future, self.gen)
 
 
 def absorb(pending: dict[str, PendingRollout], outputs: Iterable[EngineOutput], version: int, now: float) -> int:
@@ -51,7 +63,7 @@ def absorb(pending: dict[str, PendingRollout], outputs: Iterable[EngineOutput], 
             continue
         if out.error is not None:
             del pending[out.request_id]
-            p.future.set_exception(EngineError(out.error, request_id=p.request_id))
+            settle(p.future, EngineError(out.error, request_id=p.request_id))
             continue
         g = p.gen
         if out.token_ids and not g.token_ids:
@@ -72,4 +84,4 @@ def fail(requests: Iterable[PendingRollout], reason: str, retryable: bool = Fals
     for p in requests:
         err = EngineError(reason, request_id=p.request_id, retryable=True) if retryable else \
             EngineError(reason, request_id=p.request_id)
-        p.future.set_exception(err)
+        settle(p.future, err)

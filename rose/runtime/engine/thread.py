@@ -1,7 +1,7 @@
 """A daemon thread that owns engines; other threads talk to it through a command queue.
 
-Shared by the engine loop (one rollout engine) and the co-serving executor (a serving and a rollout
-engine). The engines are built on the thread itself, so their per-thread settings (vLLM's CPU thread
+The co-serving executor's (a serving and a rollout engine); the helpers below serve the engine loop
+too (rose/runtime/engine/loop.py, which runs an event loop on its thread instead). The engines are built on the thread itself, so their per-thread settings (vLLM's CPU thread
 binding, OpenMP thread count) apply to the thread that runs their kernels. The thread then alternates:
 apply the commands that arrived, do one unit of work (an engine iteration), and sleep when there is
 neither (or, when the subclass says so, wait briefly for more commands before the next unit).
@@ -51,7 +51,7 @@ def background(fn: Callable, name: str, cores: tuple[int, ...] | None = None) ->
     fut.set_running_or_notify_cancel()  # a caller that gives up cannot cancel it (see engine_future)
 
     def run():
-        _bind(name, cores)
+        bind_thread(name, cores)
         try:
             fut.set_result(fn())
         except BaseException as e:
@@ -61,7 +61,8 @@ def background(fn: Callable, name: str, cores: tuple[int, ...] | None = None) ->
     return fut
 
 
-def _bind(name: str, cores: tuple[int, ...] | None) -> None:
+def bind_thread(name: str, cores: tuple[int, ...] | None) -> None:
+    """Bind the calling thread to `cores` (Linux; a warning where it cannot)."""
     if cores:
         try:  # thread-level binding (Linux), even where the process as a whole is not bound
             os.sched_setaffinity(threading.get_native_id(), set(cores))
@@ -125,7 +126,7 @@ class CommandThread:
         raise NotImplementedError
 
     def _run(self) -> None:
-        _bind(self._thread.name, self.cores)
+        bind_thread(self._thread.name, self.cores)
         try:
             self._build()
         except BaseException as e:  # surfaces in _start

@@ -1,7 +1,9 @@
 """The tweaks a ROSE worker makes to its own process when it starts: glibc malloc thresholds fit for
-torch again, Dask's statistical profiler off, the process bound to the worker's cores."""
+torch again, Dask's statistical profiler off, fewer garbage collections, the process bound to the
+worker's cores."""
 from __future__ import annotations
 
+import gc
 import logging
 import os
 
@@ -12,8 +14,25 @@ def tune_process(worker, cores: tuple[int, ...] | None) -> None:
     """All of the tweaks, for `worker` bound to `cores` (None: leave the binding as is)."""
     undo_nanny_malloc_trim()
     stop_profiler(worker)
+    tune_gc()
     if cores:
         bind_to_cores(cores)
+
+
+# Objects allocated between two youngest-generation collections (Python's default: 700).
+GC_GEN0_THRESHOLD = 20_000
+
+
+def tune_gc() -> None:
+    """Collect the youngest generation after GC_GEN0_THRESHOLD allocations instead of 700.
+
+    A rollout worker allocates a few hundred objects per policy turn (the turn's ids, log-probs, the
+    engine's outputs) and frees nearly all of them by reference counting; at the default threshold
+    the collector ran about 75 young and 7 middle collections per round of 256 guess episodes, 0.03-0.05 s
+    of a 0.7 s round on the engine's core; at 20,000, one young collection (about 0.01 s). Cycles are
+    still collected, later. The same call serves the benchmark's direct-vLLM baseline."""
+    _, gen1, gen2 = gc.get_threshold()
+    gc.set_threshold(GC_GEN0_THRESHOLD, gen1, gen2)
 
 
 def undo_nanny_malloc_trim() -> None:

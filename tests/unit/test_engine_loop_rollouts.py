@@ -1,0 +1,154 @@
+"""Rollouts on the engine loop's own event loop (pure logic, FakeEngine): their turns never cross
+threads, each iteration waits for the turns the last one woke, a caller that gives up does not end the
+loop, and a stalled engine fails its groups' trajectories instead of holding them forever."""
+import asyncio
+import threading
+import time
+
+import pytest
+
+from rose.errors import EngineError
+from rose.ops.engine_loop_run import on_engine_loop
+from rose.ops.rollout import Partial, RolloutSpec, agent_loop, failed_group
+from rose.runtime.engine import EngineLoop, SamplingSpec
+from rose.runtime.engine.fake import FakeEngine
+from tests.helpers.envs import ScriptedEnv
+from tests.unit.test_batching import CountingEngine
+from tests.unit.test_engine_loop import WordTokenizer
+
+
+class InlineScripted(ScriptedEnv):
+    inline = True  # stepped on the loop itself, as guess and calc are
+
+
+@pytest.fixture
+def tok():
+    return WordTokenizer(["start", "obs", "ok"] + [str(i) for i in range(10)])
+
+
+def _engine(tok, cls=FakeEngine):
+    ok, nl = tok.vocab["ok"], tok.vocab["\n"]
+    return cls(vocab_size=len(tok.vocab), max_model_len=64, script={"": [ok, nl, ok, nl, ok, nl]})
+
+
+def _group(loop, tok, n, turns=3, max_turns=3):
+    async def group():
+        assert loop.on_loop()
+        specs = [RolloutSpec(0, 0, i, "scripted", env_seed=i) for i in range(n)]
+        return await asyncio.gather(*(agent_loop(s, InlineScripted(turns, max_turns), loop, tok, 64) for s in specs))
+    return group
+
+
+def test_rollouts_on_the_loop_meet_in_every_iteration(tok):
+    """8 trajectories of 3 turns; one says its turns in 1 token, the others in 2. Each iteration is
+    queued behind the turns the last one woke, so the short one's next turn joins the very next
+    iteration, with the others still decoding: 8 a step until it ends, then 7 (across threads, or
+    with the iteration queued first, a turn that comes back after the next iteration began misses it)."""
+    ok, nl = tok.vocab["ok"], tok.vocab["\n"]
+    engine = CountingEngine(vocab_size=len(tok.vocab), max_model_len=64, script={"s0-g0-i0": [nl], "": [ok, nl]})
+    loop = EngineLoop(engine)
+    try:
+        trajs = loop.run(_group(loop, tok, 8)()).result(10)
+        assert all(t.finish_reason == "done" and len(t.turn_offsets) == 3 for t in trajs)
+        assert engine.batches == [8, 8, 8, 7, 7, 7]
+    finally:
+        loop.close()
+
+
+def test_a_rollout_on_the_loop_gets_what_a_caller_on_another_thread_gets(tok):
+    loop = EngineLoop(_engine(tok))
+    try:
+        spec = RolloutSpec(0, 0, 0, "scripted", env_seed=3)
+        here = loop.run(agent_loop(spec, InlineScripted(), loop, tok, 64)).result(10)
+        there = asyncio.run(agent_loop(spec, InlineScripted(), loop, tok, 64))
+        assert (here.token_ids, here.logprobs, here.loss_mask) == (there.token_ids, there.logprobs, there.loss_mask)
+        assert here.finish_reason == there.finish_reason == "done"
+    finally:
+        loop.close()
+
+
+def test_a_caller_on_the_loop_that_gives_up_leaves_the_loop_serving(tok):
+    class Slow(FakeEngine):
+        def step(self):
+            time.sleep(0.02)
+            return super().step()
+
+    loop = EngineLoop(Slow(vocab_size=16, max_model_len=64))
+    try:
+        async def give_up():
+            fut = loop.agenerate([1, 2], SamplingSpec(max_tokens=20))
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0.05):
+                    await fut
+            return fut.cancelled()
+
+        assert loop.run(give_up()).result(10)  # its request finishes later, into a cancelled future
+        assert len(loop.generate([1], SamplingSpec(max_tokens=3)).result(10).token_ids) == 3
+    finally:
+        loop.close()
+
+
+class Stuck(FakeEngine):
+    """An engine whose iterations hang until released (a hung kernel)."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.release = threading.Event()
+
+    def step(self):
+        self.release.wait()
+        return super().step()
+
+
+def test_a_stalled_engine_fails_the_group_instead_of_holding_it(tok):
+    engine = _engine(tok, Stuck)
+    loop = EngineLoop(engine)
+    try:
+        async def watch():
+            return await on_engine_loop(loop, _group(loop, tok, 4), stall_s=0.3)
+
+        t0 = time.monotonic()
+        with pytest.raises(EngineError, match="finished no iteration in 0 s with requests waiting") as e:
+            asyncio.run(watch())
+        assert time.monotonic() - t0 < 5 and "request_timeout_s=0.3" in str(e.value)
+        assert loop.stalled_s() >= 0.3
+    finally:
+        engine.release.set()
+        loop.close()
+
+
+def test_a_healthy_engine_is_not_taken_for_stalled(tok):
+    loop = EngineLoop(_engine(tok))
+    try:
+        async def watch():
+            return await on_engine_loop(loop, _group(loop, tok, 4), stall_s=0.3)
+
+        assert all(t.finish_reason == "done" for t in asyncio.run(watch()))
+        assert loop.stalled_s() == 0.0  # nothing waits
+    finally:
+        loop.close()
+
+
+def test_a_failed_group_keeps_every_trajectory_and_what_it_had():
+    class W:
+        address, role = "tcp://w:1", "dedicated"
+
+    specs = [RolloutSpec(0, 0, i, "scripted", env_seed=i) for i in range(3)]
+    done = specs[0].trajectory(finish_reason="done")
+    partial = specs[1].trajectory()
+    partial.add_context([1, 2])
+    out = failed_group(specs, [done, Partial(partial, 1), None], EngineError("stuck"), W())
+    assert [t.trajectory_id for t in out] == [s.trajectory_id for s in specs]
+    assert out[0] is done and out[0].finish_reason == "done"
+    assert out[1].token_ids == [1, 2] and out[1].finish_reason == "failed" and "EngineError: stuck" in out[1].error
+    assert out[2].finish_reason == "failed" and out[2].worker == "tcp://w:1"
+
+
+def test_close_cancels_rollouts_still_on_the_loop(tok):
+    engine = _engine(tok, Stuck)
+    loop = EngineLoop(engine)
+    fut = loop.run(_group(loop, tok, 2)())
+    time.sleep(0.1)
+    engine.release.set()  # lets the thread out of its iteration so close can run
+    loop.close()
+    assert fut.done()
