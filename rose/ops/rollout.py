@@ -32,7 +32,7 @@ from rose.errors import EngineError, EnvError, PromptTooLongError
 from rose.envs.base import StepResult, inline_by_name, is_inline, replay
 from rose.envs.deadline import DeadlineExceeded, call_with_deadline
 from rose.models.tokens import decode
-from rose.ops.engine_loop_run import on_engine_loop
+from rose.ops.engine_calls import failed_group, generate_turn, on_engine_loop
 from rose.models.turns import turn_format
 from rose.ops.reward import as_reward
 from rose.runtime.engine.base import SamplingSpec
@@ -99,30 +99,6 @@ class Continuation:
 _quote = reprlib.Repr()
 _quote.maxstring, _quote.maxother, _quote.maxlist, _quote.maxtuple = 120, 200, 8, 8
 _quote = _quote.repr
-
-ENGINE_RETRIES = 3  # times a turn is sent again after an engine iteration failed under it
-
-
-async def _generate(engine, prompt: list[int], sampling: SamplingSpec, request_id: str, timeout_s: float):
-    """One policy turn. An engine iteration that fails fails every request in it; each of those is
-    sent again (same prompt, same seed) rather than failing its trajectory. A request the engine
-    refuses on its own account (too long, bad tokens) is not retried; one not answered in `timeout_s`
-    fails with that reason."""
-    here = getattr(engine, "on_loop", None)
-    here = here is not None and here()  # this rollout runs on the engine's own loop: no thread crossed
-    for attempt in range(ENGINE_RETRIES + 1):
-        try:
-            fut = engine.agenerate(prompt, sampling, request_id=request_id) if here else \
-                asyncio.wrap_future(engine.generate(prompt, sampling, request_id=request_id))
-            async with asyncio.timeout(timeout_s):
-                return await fut
-        except TimeoutError:
-            raise EngineError(f"no answer from the engine in {timeout_s:g} s (request_timeout_s)",
-                              request_id=request_id) from None
-        except EngineError as e:
-            if not e.context.get("retryable") or attempt == ENGINE_RETRIES:
-                raise
-
 
 async def env_call(spec: RolloutSpec, what: str, turn: int | None, fn, *args, timeout_s: float | None = None,
                    inline: bool = False):
@@ -208,7 +184,7 @@ async def agent_loop(spec: RolloutSpec, env, engine_loop, tokenizer, max_model_l
                 return Partial(traj, turn)
             sampling = SamplingSpec(max_tokens=env.max_action_tokens, temperature=spec.temperature,
                                     top_p=spec.top_p, stop_token_ids=turns.stop_ids, seed=spec.turn_seed(turn))
-            gen = await _generate(engine_loop, traj.token_ids, sampling, f"{traj.trajectory_id}-t{turn}",
+            gen = await generate_turn(engine_loop, traj.token_ids, sampling, f"{traj.trajectory_id}-t{turn}",
                                   spec.request_timeout_s)
             traj.add_generated(gen.token_ids, gen.logprobs, gen.weight_versions)
             traj.turn_workers.append(worker)
@@ -247,21 +223,6 @@ async def _one(spec: RolloutSpec, w, state, stop) -> Trajectory | Partial:
         traj.worker = w.address
         traj.placement = "dedicated" if w.role == "dedicated" else "serving"
     return traj
-
-
-def failed_group(specs, states, e: Exception, w) -> list[Trajectory]:
-    """The group's rows when its run failed as a whole: trajectories finished before (a resumed group)
-    as they were, every other one failed with `e`, its turns so far kept."""
-    out = []
-    for spec, state in zip(specs, states):
-        if isinstance(state, Trajectory):
-            out.append(state)
-            continue
-        traj = state.traj if isinstance(state, Partial) else spec.trajectory()
-        traj.finish_reason, traj.error = "failed", f"{type(e).__name__}: {e}"
-        traj.worker, traj.placement = w.address, "dedicated" if w.role == "dedicated" else "serving"
-        out.append(traj)
-    return out
 
 
 async def _run_group(specs, states, key: str | None, attempt: int) -> pa.RecordBatch | Continuation:

@@ -5,7 +5,8 @@ import asyncio
 import pytest
 
 from rose.errors import EngineError
-from rose.ops.rollout import ENGINE_RETRIES, RolloutSpec, agent_loop
+from rose.ops.engine_calls import ENGINE_RETRIES
+from rose.ops.rollout import RolloutSpec, agent_loop
 from rose.runtime.coserve.executor import CoServingExecutor
 from rose.runtime.coserve.slo import SloConfig, SloController
 from rose.runtime.engine import EngineLoop, SamplingSpec

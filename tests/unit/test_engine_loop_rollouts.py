@@ -8,8 +8,8 @@ import time
 import pytest
 
 from rose.errors import EngineError
-from rose.ops.engine_loop_run import on_engine_loop
-from rose.ops.rollout import Partial, RolloutSpec, agent_loop, failed_group
+from rose.ops.engine_calls import failed_group, on_engine_loop
+from rose.ops.rollout import Partial, RolloutSpec, agent_loop
 from rose.runtime.engine import EngineLoop, SamplingSpec
 from rose.runtime.engine.fake import FakeEngine
 from tests.helpers.envs import ScriptedEnv
