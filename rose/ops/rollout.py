@@ -4,9 +4,10 @@ Each GRPO group is one Dask task (one trajectory per task multiplies Dask's per-
 milliseconds, by the group size for no gain: a group is retried, placed and trained on as a whole).
 The task runs the agent loop below for each of its trajectories; every policy turn is a request
 handed to the worker's engine loop, where it is batched with the turns of every other rollout on that
-worker. The task is a coroutine, so Dask runs it on the worker's event loop: a hundred rollouts then
-wait on one thread instead of a hundred threads, and the engine thread's kernels do not queue behind them
-for the GIL (measured in benchmarks/rollout_overhead.py). The result is an Arrow RecordBatch of the
+worker. The task is a coroutine, so a hundred rollouts wait on one thread instead of a hundred threads;
+on a dedicated worker it runs its group on the engine loop's own event loop, on the engine's thread, so
+that a turn never crosses threads (rose/ops/engine_calls.py; measured in benchmarks/rollout_overhead.py),
+elsewhere on the worker's event loop. The result is an Arrow RecordBatch of the
 trajectory schema. Nothing is lost on failure:
 an environment that raises, hangs past `env_timeout_s` or returns nonsense, or a prompt that does not
 fit, yields a row with finish_reason "failed" and the error text (naming the environment, the turn and
