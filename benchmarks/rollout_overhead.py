@@ -11,7 +11,8 @@ for the whole run; rounds alternate between the two paths.
 Throughput is generated tokens per wall second over the timed rounds after one warm-up round.
 `ratio` is for synchronous rounds (each round's rollouts submitted, run and gathered before the next:
 a synchronous step's rollout phase); `ratio_async` for the same rounds with the next one submitted
-while the current one runs (asynchronous steps keep one step's rollouts ahead).
+while the current one runs (asynchronous steps keep one step's rollouts ahead), in blocks between
+direct rounds. ROSE's clock stops when a round's trajectories are gathered at the driver.
 
     python benchmarks/rollout_overhead.py [--quick]
 """
@@ -115,9 +116,10 @@ def run_both(model_dir, engine_cfg, max_len, rounds, n, seed):
     """Alternate rounds: direct round r, then ROSE round r (the same episodes), so that both paths see
     the same machine: on a shared host, throughput drifts by tens of percent from minute to minute.
     ROSE's round is its own path: a step graph (prompts -> rollout) lowered and submitted as the
-    runner does. Then the same rounds once more through ROSE asynchronously: each round's graph is
-    submitted while the one before still runs (at most two in flight, as `staleness=1` steps are),
-    between direct rounds again. Returns ([(direct_tokens, direct_s, rose_tokens, rose_s)] per timed
+    runner does. Then the same rounds once more through ROSE asynchronously, in blocks (half the
+    rounds each; all of them below 4): each round's graph is submitted while the one before still runs
+    (at most two in flight, as `staleness=1` steps are), with a direct round before the first block
+    and after each. Returns ([(direct_tokens, direct_s, rose_tokens, rose_s)] per timed
     round, (direct_tokens, direct_s, rose_tokens, rose_s) of the asynchronous phase)."""
     from distributed import Client, wait
 
@@ -148,36 +150,45 @@ def run_both(model_dir, engine_cfg, max_len, rounds, n, seed):
                 futures = submit(client, low.tasks, roles)
                 return [futures[k] for k in low.keys_of("rollout", "trajectories")]
 
-            def finish(r, outs) -> int:
+            def finish(r, outs):
+                """The round's trajectories, back at the driver (as the runner gathers them)."""
                 wait(outs)
                 table = concat(client.gather(outs))
                 if table.num_rows != n:
                     raise RuntimeError(f"round {r}: {table.num_rows} trajectories back, expected {n}")
+                return table
+
+            def tokens(table) -> int:  # counted after the clock stops (the direct path counts as it goes)
                 return sum(sum(m) for m in table["loss_mask"].to_pylist())
 
             results = []
             for r in tqdm(range(rounds + 1), desc="rounds (direct, rose)"):  # round 0 warms both up
                 d_tokens, d_s = direct.round(r)
                 t0 = time.perf_counter()
-                r_tokens = finish(r, start(r))
+                table = finish(r, start(r))
                 r_s = time.perf_counter() - t0
                 if r > 0:
-                    results.append((d_tokens, d_s, r_tokens, r_s))
-            # Asynchronous: round r+1 is submitted before round r is waited for; the clock runs from the
-            # first submission to the last round's gather. Direct rounds run before and after it.
-            d0 = direct.round(1)
-            t0 = time.perf_counter()
-            inflight = [(1, start(1))]
-            a_tokens = 0
-            for r in range(2, rounds + 2):
-                if r <= rounds:
-                    inflight.append((r, start(r)))
-                a_tokens += finish(*inflight.pop(0))
-            a_s = time.perf_counter() - t0
-            d1 = direct.round(rounds)
+                    results.append((d_tokens, d_s, tokens(table), r_s))
+            # Asynchronous: blocks of rounds, in each round r+1 submitted before round r is waited for;
+            # a block's clock runs from its first submission to its last round's gather. A direct round
+            # runs before the first block and after each, so that the baseline sees the same minutes.
+            block = rounds if rounds < 4 else rounds // 2
+            a_tokens = a_s = 0.0
+            direct_async = [direct.round(1)]
+            for first in range(1, rounds + 1, block):
+                rs = list(range(first, min(rounds, first + block - 1) + 1))
+                t0 = time.perf_counter()
+                inflight, tables = [(rs[0], start(rs[0]))], []
+                for r in rs[1:] + [None]:
+                    if r is not None:
+                        inflight.append((r, start(r)))
+                    tables.append(finish(*inflight.pop(0)))
+                a_s += time.perf_counter() - t0
+                a_tokens += sum(tokens(t) for t in tables)
+                direct_async.append(direct.round(rs[-1]))
     finally:
         direct.close()
-    d_tokens, d_s = d0[0] + d1[0], d0[1] + d1[1]
+    d_tokens, d_s = sum(d[0] for d in direct_async), sum(d[1] for d in direct_async)
     return results, (d_tokens, d_s, a_tokens, a_s)
 
 
@@ -225,7 +236,8 @@ def main():
           f"(target >= 0.8)")
     async_ratio = (a_tokens / a_s) / (ad_tokens / ad_s)
     print(f"{'async':<7}{ad_tokens / ad_s:>11.1f} tok/s{'':>4}{a_tokens / a_s:>10.1f} tok/s   ratio rose/direct = "
-          f"{async_ratio:.3f} (rounds 1..{rounds} two in flight; direct: rounds 1 and {rounds} around them)\n")
+          f"{async_ratio:.3f} (rounds 1..{rounds} in blocks, two in flight; direct: a round before and after each "
+          f"block)\n")
     print(json.dumps({"bench": "rollout_overhead", "rose_tok_s": round(rose_tok_s, 1),
                       "direct_tok_s": round(direct_tok_s, 1), "ratio": round(ratio, 3),
                       "rose_async_tok_s": round(a_tokens / a_s, 1), "ratio_async": round(async_ratio, 3),
