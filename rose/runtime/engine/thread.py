@@ -1,12 +1,13 @@
 """A daemon thread that owns engines; other threads talk to it through a command queue.
 
-The co-serving executor's (a serving and a rollout engine); the helpers below serve the engine loop
-too (rose/runtime/engine/loop.py, which runs an event loop on its thread instead). The engines are built on the thread itself, so their per-thread settings (vLLM's CPU thread
-binding, OpenMP thread count) apply to the thread that runs their kernels. The thread then alternates:
-apply the commands that arrived, do one unit of work (an engine iteration), and sleep when there is
-neither (or, when the subclass says so, wait briefly for more commands before the next unit).
-Commands are applied in order, between iterations; one that cannot apply yet (a weight swap while
-requests are in flight) is put back with everything after it.
+The co-serving executor's (a serving and a rollout engine); `bind_thread` and `build` serve the
+engine loop too (rose/runtime/engine/loop.py, which runs an event loop on its thread instead). The
+engines are built on the thread itself, so their per-thread settings (vLLM's CPU thread binding,
+OpenMP thread count) apply to the thread that runs their kernels. The thread then alternates: apply
+the commands that arrived, do one unit of work (an engine iteration), and sleep when there is neither
+(or, when the subclass says so, wait briefly for more commands before the next unit). Commands are
+applied in order, between iterations; one that cannot apply yet (a weight swap while requests are in
+flight) is put back with everything after it.
 """
 from __future__ import annotations
 
