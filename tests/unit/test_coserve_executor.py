@@ -283,7 +283,7 @@ def test_the_executor_runs_the_planned_rollout_steps_back_to_back_and_a_serving_
 
         def plan(self, serving, rollout):
             admit = tuple(r.request_id for r in rollout.waiting)
-            return IterationPlan(serving.decoding, 0.0, True, rollout_admit=admit,
+            return IterationPlan(serving.decoding, 0.0, True, rollout_admit=admit, budget_ms=1000.0,
                                  rollout_tokens=len(rollout.running) + len(rollout.waiting), rollout_steps=4)
 
     ex = CoServingExecutor(FakeEngine(), FakeEngine(), Steps())
@@ -309,5 +309,38 @@ def test_the_executor_checks_each_serving_period_against_its_plan():
         ex.serve([1, 2], SamplingSpec(max_tokens=200)).collect(timeout=10)
         # the periods between serving steps fed the margin (a window of them at a time)
         assert ex.controller.margin_learner.windows > 50
+    finally:
+        ex.close()
+
+
+class SlowEngine(FakeEngine):
+    """A fake engine whose every step takes `ms` (a device slower than the controller's model says)."""
+
+    def __init__(self, ms: float):
+        super().__init__()
+        self.ms = ms
+
+    def step(self):
+        time.sleep(self.ms / 1e3)
+        return super().step()
+
+
+def test_extra_rollout_steps_stop_when_the_measured_period_has_used_the_budget():
+    class Eight(SloController):  # plans eight rollout steps in a 50 ms period
+        def __init__(self):
+            super().__init__(SloConfig(ttft_ms=1000, tpot_ms=1000))
+
+        def plan(self, serving, rollout):
+            admit = tuple(r.request_id for r in rollout.waiting)
+            return IterationPlan(serving.decoding, 0.0, True, rollout_admit=admit, budget_ms=50.0,
+                                 rollout_tokens=len(rollout.running) + len(rollout.waiting), rollout_steps=8)
+
+    ex = CoServingExecutor(FakeEngine(), SlowEngine(20.0), Eight())
+    try:
+        g = ex.generate([1, 2], SamplingSpec(max_tokens=16)).result(timeout=30)
+        assert len(g.token_ids) == 16 and ex.stats["rollout_steps"] == 16
+        # 20 ms steps in a 50 ms period: at most three an iteration (the model learns the 20 ms as it goes),
+        # where the plan's eight would have taken two iterations and 160 ms a period
+        assert ex.stats["iterations"] >= 6 and ex.stats["steps_cut"] >= 5
     finally:
         ex.close()

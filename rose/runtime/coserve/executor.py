@@ -3,13 +3,13 @@
 Every iteration it asks the `SloController` for a plan and applies it: preempt the rollout sequences
 the plan names (abort them in the engine, keep their tokens), admit the ones it allows, step the
 serving engine, then the rollout engine as many times as the plan says (a serving request that
-arrives meanwhile cuts the extra steps short). Each step's measured time feeds the
-controller's latency model. A preempted rollout sequence later resumes from its prompt plus the tokens
-it had, as a new engine request for what is left; its caller sees one `Generation`. Rollout callers
-see a `RolloutEngine`, as on a dedicated worker, so the agent loop runs unchanged on a serving worker.
-Weight loads reach the rollout engine only (never the serving model), in slices that fit the TPOT
-budget, between serving steps (`swaps.py`). The controller sees both engines' real KV caches (vLLM's
-block pools) every iteration.
+arrives meanwhile, or a period that has used its budget as measured, cuts the extra steps short).
+Each step's measured time feeds the controller's latency model. A preempted rollout sequence later
+resumes from its prompt plus the tokens it had, as a new engine request for what is left; its caller
+sees one `Generation`. Rollout callers see a `RolloutEngine`, as on a dedicated worker, so the agent
+loop runs unchanged on a serving worker. Weight loads reach the rollout engine only (never the serving
+model), in slices that fit the TPOT budget, between serving steps (`swaps.py`). The controller sees
+both engines' real KV caches (vLLM's block pools) every iteration (`views.py`).
 """
 from __future__ import annotations
 
@@ -23,10 +23,10 @@ from typing import Callable
 
 from rose.errors import EngineError
 from rose.runtime.coserve.rollout_request import RolloutRequest as _Rollout
-from rose.runtime.coserve.rollout_request import kv_of as _kv
 from rose.runtime.coserve.serving_request import ServingRequest
-from rose.runtime.coserve.slo import RolloutSeq, RolloutView, ServingView, SloController
+from rose.runtime.coserve.slo import RolloutView, ServingView, SloController
 from rose.runtime.coserve.swaps import RolloutSwaps
+from rose.runtime.coserve.views import rollout_view, serving_view
 from rose.runtime.engine.base import Engine, SamplingSpec
 from rose.runtime.engine.pending import absorb, engine_future, fail
 from rose.runtime.engine.thread import CommandThread, build, warm_up
@@ -57,8 +57,9 @@ class CoServingExecutor(CommandThread):
         self._asleep = False  # the rollout engine gave its device memory back (GPU co-serving)
         self._waited = 0  # iterations in a row with rollout sequences running but not stepped
         self._last_serving_step = None  # the last iteration with a serving step: (start, its ms, rollout ms, predicted)
+        # Counters (loop thread). steps_cut: iterations whose extra rollout steps the measured period cut short.
         self.stats = dict.fromkeys(("iterations", "preemptions", "rollout_tokens", "serving_tokens", "rollout_steps",
-                                    "load_slices"), 0)  # counters, written by the loop thread
+                                    "load_slices", "steps_cut"), 0)
         self.last_plan = None
         # Serving requests decoding or about to (a peak halving in ~35 iterations): what the rollout capacity
         # offered leaves room for. Not prefill tokens: the running batch waits a prefill out (rollout_waits).
@@ -161,23 +162,8 @@ class CoServingExecutor(CommandThread):
         return True  # "wake": nothing to apply; the thread looks at its work again
 
     def _views(self, now: float) -> tuple[ServingView, RolloutView]:
-        waiting = [q for q in self._serving_reqs.values() if q.t_first is None]
-        skv = _kv(self.serving)
-        serving = ServingView(
-            decoding=len(self._serving_reqs) - len(waiting),
-            waiting_prompt_tokens=tuple(q.prompt_tokens for q in waiting),
-            oldest_wait_ms=max(((now - q.t_arrival) * 1e3 for q in waiting), default=0.0),
-            **({"kv_free_tokens": skv.free_tokens, "kv_needed_tokens": skv.needed_tokens, "kv_usage": skv.usage}
-               if skv is not None else {"kv_usage": self.serving.kv_usage()}))
-        running = tuple(RolloutSeq(eid, len(r.context), r.admitted_at) for eid, r in self._running.items())
-        rkv = _kv(self.rollout) if self.rollout is not None else None
-        rollout = RolloutView(
-            running, tuple(RolloutSeq(r.request_id, len(r.context)) for r in self._waiting),
-            # The rollout engine's own cache bounds what may run in it: what is free plus what the
-            # running sequences hold.
-            **({"kv_available_tokens": rkv.free_tokens + sum(q.kv_tokens for q in running)} if rkv else {}),
-            can_sleep=bool(getattr(self.rollout, "can_sleep", False)), asleep=self._asleep, waited=self._waited)
-        return serving, rollout
+        return (serving_view(self.serving, list(self._serving_reqs.values()), now),
+                rollout_view(self.rollout, self._running, self._waiting, self._asleep, self._waited))
 
     def _work(self) -> None:  # one iteration
         now = time.perf_counter()
@@ -220,11 +206,18 @@ class CoServingExecutor(CommandThread):
         elif plan.rollout_step and self._running:
             rollout_ms = self._step_rollout(plan.rollout_tokens)
             predicted += plan.rollout_ms
-            # More decode steps where the plan found them room; a serving request arriving ends them.
+            # More decode steps where the plan found them room; a serving request arriving ends them. Each is
+            # checked against the period's time so far, as measured: a step slower than predicted takes its
+            # overrun out of the steps after it, not out of the TPOT, so errors do not add up over many steps.
+            limit_ms = plan.budget_ms + plan.serving_ms  # the period's budget, from the serving step's start
             for _ in range(plan.rollout_steps - 1):
                 if not self._running or self._serving_waiting():
                     break
-                predicted += self.controller.rollout_model.predict(len(self._running))
+                step_ms = self.controller.rollout_model.predict(len(self._running))
+                if (time.perf_counter() - t_start) * 1e3 + step_ms > limit_ms:
+                    self.stats["steps_cut"] += 1
+                    break
+                predicted += step_ms
                 rollout_ms += self._step_rollout(len(self._running))
         self._waited = 0 if rollout_ms or not self._running else self._waited + 1
         # The period a decoding serving request sees: from one serving step to the next.
