@@ -195,8 +195,13 @@ def main():
                       + (f"rollout {tok_s:.1f} tok/s" if tok_s is not None else ""), file=sys.stderr, flush=True)
         def executor_figures(dask_worker):
             ex = dask_worker.plugins["rose"].host.engine
-            return ex.stats["preemptions"], ex.controller.margin
-        preemptions, margin = client.run(executor_figures, workers=[serving])[serving]
+            ctl = ex.controller
+            # The step-time lines (a ms + b ms a batched token) the controller learnt from its own steps
+            models = {"rollout_ms": [round(v, 4) for v in ctl.rollout_model.coefficients],
+                      "serving_ms": [round(v, 4) for v in ctl.serving_model.coefficients],
+                      "overhead_ms": round(ctl.overhead_ms, 3)}
+            return ex.stats["preemptions"], ctl.margin, models
+        preemptions, margin, models = client.run(executor_figures, workers=[serving])[serving]
     merged = {p: LoadReport([x for rep in reps for x in rep.results], args.ttft_ms, args.tpot_ms).summary()
               for p, reps in phases.items() if reps}
     a, c = merged["alone"], merged["coserved"]
@@ -215,7 +220,9 @@ def main():
               f"{s_['ttft_p99_ms']:>9.1f}{s_['tpot_p50_ms']:>9.1f}{s_['tpot_p99_ms']:>9.1f}{r:>14.1f}")
     print(f"{'dedicated':<11}{'':>9}{'':>7}{'':>8}{'':>9}{'':>9}{'':>9}{'':>9}{r0:>14.1f}")
     print(f"preemptions {preemptions}; learnt TPOT margin {margin:.3f}; harvest ratio {harvest:.3f} "
-          f"(targets: attainment >= 0.99 and >= alone - 0.005; harvest >= 0.6)\n")
+          f"(targets: attainment >= 0.99 and >= alone - 0.005; harvest >= 0.6)")
+    print(f"the serving worker's learnt step times (ms, a + b x tokens): rollout {models['rollout_ms']}, serving "
+          f"{models['serving_ms']}; iteration overhead {models['overhead_ms']} ms\n")
     print(json.dumps({"bench": "coserve_slo", "ttft_ms": args.ttft_ms, "tpot_ms": args.tpot_ms,
                       "serving_dtype": dtypes, "rollout_dtype": "float32", "rounds": rounds,
                       "window_s": args.window, "rate_req_s": rate, "capacity_req_s": round(cap, 1),
@@ -224,7 +231,8 @@ def main():
                       "ttft_p99_ms_coserved": c["ttft_p99_ms"], "tpot_p99_ms_alone": a["tpot_p99_ms"],
                       "tpot_p99_ms_coserved": c["tpot_p99_ms"], "rollout_tok_s_coserved": round(r1, 1),
                       "rollout_tok_s_dedicated": round(r0, 1), "harvest_ratio": round(harvest, 3),
-                      "preemptions": preemptions, "tpot_margin": round(margin, 3), "quick": args.quick}))
+                      "preemptions": preemptions, "tpot_margin": round(margin, 3), "executor_models": models,
+                      "quick": args.quick}))
 
 if __name__ == "__main__":
     main()

@@ -70,7 +70,61 @@ def engine_steps(core: int, seed: int = 0) -> dict:
     n = 32
     prefill_ms = (run(n, 1, prompt_len=40) * 1e3 - (a + b * n)) / (n * 40)
     print(f"fit: {a:.2f} + {b:.4f} n ms; prefill {prefill_ms * 1e3:.1f} us a token", flush=True)
-    return {"decode_a_ms": a, "decode_b_ms": b, "prefill_ms_per_token": max(prefill_ms, 0), "points": points}
+    share = sharing(lambda: run(64, 36, reps=5), core)
+    return {"decode_a_ms": a, "decode_b_ms": b, "prefill_ms_per_token": max(prefill_ms, 0), "points": points,
+            "sharing": share}
+
+
+TRAINER = '''
+import os, sys, time, torch
+os.sched_setaffinity(0, {{{core}}})
+torch.set_num_threads(1)
+m = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 256))
+opt, x = torch.optim.AdamW(m.parameters()), torch.randn(64, 256)
+for line in sys.stdin:
+    t0 = time.time()
+    for _ in range(int(line)):
+        opt.zero_grad(); m(x).pow(2).mean().backward(); opt.step()
+    print(t0, time.time(), flush=True)
+'''
+
+
+def sharing(engine_round, core: int, rounds: int = 3) -> float:
+    """How well a trainer and the engine time-share one core: a torch training loop (another process, the
+    same core) and the engine's decode rounds, each timed alone and then started together. Processor
+    sharing would finish both in the sum of their times alone; the result is that sum over the time
+    they took together (1: nothing lost to switching; the simulator slows both sides by it)."""
+    child = subprocess.Popen([sys.executable, "-c", TRAINER.format(core=core)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+
+    def train(iters: int) -> tuple[float, float]:
+        child.stdin.write(f"{iters}\n")
+        child.stdin.flush()
+        t0, t1 = map(float, child.stdout.readline().split())
+        return t0, t1
+
+    try:
+        t0, t1 = train(20)
+        iters = max(20, int(20 * 1.0 / max(t1 - t0, 1e-3)))  # about a second of training alone
+        effs = []
+        for _ in range(rounds):
+            a0, a1 = train(iters)
+            e0 = time.time()
+            engine_round()
+            engine_alone = time.time() - e0
+            child.stdin.write(f"{iters}\n")  # together: the trainer starts, the engine runs at once
+            child.stdin.flush()
+            e0 = time.time()
+            engine_round()
+            e1 = time.time()
+            c0, c1 = map(float, child.stdout.readline().split())
+            effs.append(((a1 - a0) + engine_alone) / (max(e1, c1) - min(e0, c0)))
+        eff = statistics.median(effs)
+        print(f"time-sharing one core: {', '.join(f'{e:.3f}' for e in effs)} of processor sharing", flush=True)
+        return min(1.0, eff)
+    finally:
+        child.stdin.close()
+        child.wait(timeout=30)
 
 
 def engine_steps_apart(core: int) -> dict:
@@ -136,7 +190,7 @@ def main():
         run_bench(["benchmarks/elastic_e2e.py", "--steps", "12", "--elastic-steps", "40"], args.runs_out)
         engines.append(engine_steps_apart(args.core))
         eng = {k: statistics.fmean(e[k] for e in engines)
-               for k in ("decode_a_ms", "decode_b_ms", "prefill_ms_per_token")}
+               for k in ("decode_a_ms", "decode_b_ms", "prefill_ms_per_token", "sharing")}
         eng["points"] = [e["points"] for e in engines]
         rows, source = e2e_rows(args.runs_out), f"{os.path.basename(args.runs_out)} (measured with it, {t0} UTC on)"
     else:
@@ -146,6 +200,8 @@ def main():
         raise SystemExit(f"{source}: no fixed synchronous run to take the trainer's figures from")
     if not args.run:
         eng = engine_steps(args.core)
+    from rose.runtime.coserve.slo_config import SloConfig
+
     trajectories = 128  # the default pipeline's step: 16 groups of 8
     train = statistics.fmean(r["train_s"] for r in fixed)
     sync = statistics.fmean(r["sync_s"] for r in fixed)
@@ -157,16 +213,19 @@ def main():
             "prefill_ms_per_token": round(eng["prefill_ms_per_token"], 5),
             "train_s_per_traj": round(train / trajectories, 6),
             "train_base_s": round(max(0.0, overhead), 4), "sync_s": round(sync, 4), "cold_start_s": 8.5,
-            "weight_bytes": 1.0e6, "contention": round(max(0.0, contention), 4),
+            "weight_bytes": 1.0e6, "contention": round(max(0.0, contention), 4), "sharing": round(eng["sharing"], 4),
             **({"coserve_harvest": harvest["harvest_ratio"], "coserve_rate": harvest["rate_req_s"],
-                "coserve_margin": harvest["tpot_margin"]} if harvest else {}),
+                "coserve_margin": harvest["tpot_margin"],
+                "coserve_rollout_ms": harvest["executor_models"]["rollout_ms"],
+                "coserve_serving_ms": harvest["executor_models"]["serving_ms"]} if harvest else {}),
+            "coserve_steps": SloConfig(ttft_ms=300.0, tpot_ms=30.0).max_rollout_steps,  # the runtime measured
             "source": f"benchmarks/sim/measure_cpu.py {time.strftime('%Y-%m-%d %H:%M')} UTC: decode points "
                       f"{eng['points']}; trainer, sync and per-step overhead from the fixed sync runs of "
                       f"{source} (train {train:.3f} s, sync {sync:.3f} s, other {overhead:.3f} s "
                       f"a step), contention from its ideal asynchronous runs' train time; "
                       + (f"co-served harvest from coserve_slo.py --quick {json.dumps(harvest)}; " if harvest else "")
-                      + "cold start: a "
-                      f"worker's preparation in `make run` (8.5 s)"}
+                      + f"time-sharing one core {eng['sharing']:.3f} of processor sharing (the engine's steps "
+                      "beside a torch training loop); cold start: a worker's preparation in `make run` (8.5 s)"}
     with open(args.out, "w") as f:
         json.dump(prof, f, indent=1)
         f.write("\n")

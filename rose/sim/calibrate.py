@@ -5,8 +5,10 @@ Two figures are fitted, neither on the runs being predicted: the per-turn overhe
 (the Dask task, the engine loop thread and the environment between two turns), as `env_latency_s`,
 on the fixed synchronous runs' rollout phase; and the co-serving executor's per-iteration overhead
 (`coserve_overhead_ms`) on `benchmarks/coserve_slo.py`'s measured harvest. Measured with the profile
-and taken as they are: the TPOT margin coserve_slo's serving worker learnt, and the contention between
-the two cores, from ideal's asynchronous runs (so those are not an independent check). Every other
+and taken as they are: the TPOT margin coserve_slo's serving worker learnt and the step-time lines its
+controller learnt (a co-served step's cost, as the runtime predicts it); how well a trainer and an engine
+time-share one core (a microbenchmark, `measure_cpu.sharing`); and the contention between the two cores,
+from ideal's asynchronous runs (so those are not an independent check). Every other
 policy and mode is a prediction. Each is simulated twice: with the profile's measured contention between the two cores
 (the trainer slows down while the other core runs rollouts) and without it; the difference between
 the two, and what is left between the simulation and the measurement, say how much of the 2-core
@@ -26,16 +28,14 @@ from rose.sim.costs import load_cpu_profile
 from rose.sim.platform import build
 from rose.sim.serving import RequestShape
 
-# elastic_e2e's default pipeline (guess: 16 groups of 8, up to 5 turns of a few tokens) and setups, with the
-# runtime the runs were made with (3f41ae1, c6a3084): up to 16 rollout steps beside a serving step (8 by
-# default since b757d6a), no tail migration; `calibrate` sets the TPOT margin to the one the host's serving
-# worker learnt, where the profile has it.
+# elastic_e2e's default pipeline (guess: 16 groups of 8, up to 5 turns of a few tokens) and setups, no tail
+# migration; `calibrate` sets the rollout steps beside a serving step to those of the runtime the runs were
+# made with, and the TPOT margin to the one the host's serving worker ended with (both from the profile).
 GUESS = SimConfig(name="elastic_e2e", platform="cpu", job_gpus=1, serving_gpus=1, steps=12, prompts=16,
                   group_size=8, turns_min=1, turns_max=5, tokens_per_turn=3.0, length_sigma=0.0, max_tokens=20,
                   prompt_tokens=10, env_latency_s=0.0, trace="azure", serving_rps=33.0, serving_token_scale=0.03,
                   ttft_ms=300.0, tpot_ms=30.0, elastic_max_gpus=1, allocation_delay_s=15.0,
-                  allocation_delay_fixed=True, idle_release_s=60.0, max_num_seqs=64, load_tick_s=1.0, tick_s=0.05,
-                  coserve_steps=16)
+                  allocation_delay_fixed=True, idle_release_s=60.0, max_num_seqs=64, load_tick_s=1.0, tick_s=0.05)
 SETUPS = {  # (elastic_e2e policy, staleness) -> simulator policy and settings
     ("fixed", 0): dict(policies=("fixed_sync",), max_num_seqs=256, serving_gpus=0),
     ("fixed", 1): dict(policies=("fixed_async",), max_num_seqs=256, serving_gpus=0),
@@ -89,7 +89,8 @@ def measured_harvest() -> tuple[float, float]:
 def harvest(base: SimConfig, overhead_ms: float, rate: float = COSERVE_RATE) -> float:
     """The simulated co-served over dedicated rollout throughput in coserve_slo's setup at `rate` req/s."""
     cfg = replace(base, coserve_overhead_ms=overhead_ms, serving_rps=rate)
-    fleet = build(cfg, np.random.default_rng([cfg.seed, 0])).fleet
+    plat = build(cfg, np.random.default_rng([cfg.seed, 0]))
+    fleet = plat.fleet
     full = fleet.shape
     fleet.shape = RequestShape(min(48.0, full.prompt_mean / base.serving_token_scale * 0.03),
                                48.0, min(32.0, full.gen_mean / base.serving_token_scale * 0.1))
@@ -98,7 +99,7 @@ def harvest(base: SimConfig, overhead_ms: float, rate: float = COSERVE_RATE) -> 
         b, _, s_ms = fleet.load(np.array([rate]), n)
         n = np.array([float(min(COSERVE_SEQS, fleet.offer(int(round(b[0])))))])
     co = n[0] / (s_ms[0] + fleet.rollout.decode_ms(n[0]))
-    return float(co / (COSERVE_SEQS / fleet.rollout.decode_ms(COSERVE_SEQS)))
+    return float(co / (COSERVE_SEQS / plat.roll.decode_ms(COSERVE_SEQS)))  # over a dedicated worker's
 
 
 def fit_coserve_overhead(base: SimConfig, target: float = COSERVE_HARVEST, rate: float = COSERVE_RATE) -> float:
@@ -111,7 +112,9 @@ def fit_coserve_overhead(base: SimConfig, target: float = COSERVE_HARVEST, rate:
 
 def calibrate(runs_path: str, base: SimConfig = GUESS) -> dict:
     runs = load_runs(runs_path)
-    margin = load_cpu_profile().coserve_margin
+    prof = load_cpu_profile()
+    base = replace(base, coserve_steps=prof.coserve_steps)
+    margin = prof.coserve_margin
     if margin > 0:
         # The simulated controller learns its margin from lognormal step noise; this host's periods swing
         # more (other processes, the interpreter), so the margin its serving worker learnt is used.

@@ -10,12 +10,12 @@ Policies (`SimConfig.policies`):
 - rose: fixed_async plus the serving GPUs' spare capacity, offered by the real SLO controller and
   placed by the real `place` policy (dedicated first), shed when serving needs it back.
 - ideal: rose's upper bound: serving GPUs lend their spare time and memory with no SLO budget, no
-  margin, no sleep, and weights reach them for free.
+  margin, no sleep, and weights reach them for free; its rollouts step at a dedicated engine's cost.
 
 Decisions come from the runtime's pure functions: `place`, `plan_shed` and `plan_migrate` (placement),
-`elastic_target` (the elastic scaler), `SloController.rollout_capacity` and `steps_beside` (a serving
-GPU's spare capacity and how many rollout steps run beside each serving step), `more_groups` (DAPO
-rounds) and `plan_sync` (weight transfer). The loop only applies them.
+`elastic_target` (the elastic scaler), `SloController.rollout_capacity` and `steps_beside` (a serving GPU's
+spare capacity and how many rollout steps run beside each serving step), `more_groups` (DAPO rounds) and
+`plan_sync` (weight transfer). The loop only applies them.
 """
 from __future__ import annotations
 
@@ -49,8 +49,7 @@ class Simulation:
 
     def __init__(self, cfg: SimConfig, policy: str, azure_csv: str = AZURE_CSV, platform: Platform | None = None):
         self.cfg, self.policy = cfg, policy
-        # Separate streams, so that every policy sees the same groups, the same serving load and the same
-        # DAPO shares at each step and round, whatever else it draws.
+        # Separate streams: every policy sees the same groups, serving load and DAPO shares, whatever else it draws.
         self.rng = np.random.default_rng([cfg.seed, 1])  # elastic delays and lifetimes
         self.load_rng = np.random.default_rng([cfg.seed, 2])
         self.plat = platform or build(cfg, np.random.default_rng([cfg.seed, 0]), azure_csv)
@@ -68,16 +67,17 @@ class Simulation:
         self.staleness = 0 if policy == "fixed_sync" else cfg.staleness
         tp = self.plat.tp
         self.split = split = split_for(cfg, policy, tp, self.colocated, self.plat.fleet is not None)
-        self.train_gpus, self.trainer = split.train_gpus, Trainer()
+        self.train_gpus, self.trainer = split.train_gpus, Trainer(self.plat.share)
         for i in range(split.dedicated):
             roll = self.plat.roll
             self._add(Instance(f"job/{i}", "dedicated", "dedicated", "job", roll, roll.max_seqs, 0.0))
         # the rollout instance that time-shares the trainer's devices (None: the trainer's are its own)
         self.shared = self.insts["job/0"] if split.shared else None
-        self.serving = []
+        self.serving: list[Instance] = []
         if policy in ("rose", "ideal") and self.plat.fleet is not None:
+            cost = self.plat.fleet.rollout if policy == "rose" else self.plat.roll  # rose's: co-served steps
             for i in range(cfg.serving_gpus // tp):
-                inst = Instance(f"serve/{i}", "serving", "serving", "serve", self.plat.roll, 0, 0.0)
+                inst = Instance(f"serve/{i}", "serving", "serving", "serve", cost, 0, 0.0)
                 if policy == "rose":
                     inst.steps = self.plat.fleet.steps  # the controller's rollout steps beside a serving step
                 self.serving.append(self._add(inst))
@@ -211,7 +211,7 @@ class Simulation:
                  self.trainer.epoch)
         if self.shared is not None:  # the engine on the trainer's devices runs at the shared speed meanwhile
             self.shared.advance(self.now)
-            self.shared.factor = 1 / Trainer.SHARE
+            self.shared.factor = 1 / self.trainer.share
             self._retime(self.shared)
 
     def _on_trained(self, k: int, epoch: int) -> None:

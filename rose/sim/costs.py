@@ -161,11 +161,23 @@ class CpuProfile:
     # Train-step slow-down while the other core runs rollouts (shared caches and memory bandwidth):
     # mean train time with core 1 busy over mean train time with it idle, less one
     contention: float = 0.0
+    # Each side's speed while a trainer and an engine time-share one core, as a share of the half that
+    # processor sharing would give it (switching between the two, and their caches, cost the rest):
+    # a torch training loop and the engine's decode steps on one core, alone and together (1: not measured)
+    sharing: float = 1.0
     # benchmarks/coserve_slo.py --quick measured with the profile: co-served over dedicated rollout
     # throughput at `coserve_rate` req/s (what the co-serving overhead is fitted on; 0: not measured)
     coserve_harvest: float = 0.0
     coserve_rate: float = 0.0  # req/s
     coserve_margin: float = 0.0  # the TPOT margin its serving worker had learnt by the end (0: not measured)
+    # The step-time lines (a ms, b ms a batched token) its serving worker's controller learnt from its own
+    # rollout and serving steps: what a step costs beside the other engine in one process, as its
+    # controller predicts it (() : not measured; the engine's steps alone stand in)
+    coserve_rollout_ms: tuple = ()
+    coserve_serving_ms: tuple = ()
+    # The runtime's SloConfig.max_rollout_steps when the runs were measured (profiles that do not say were
+    # measured at 16: 3f41ae1, c6a3084)
+    coserve_steps: int = 16
     source: str = ""
 
     def linear(self, max_seqs: int) -> LinearCost:
@@ -185,4 +197,4 @@ def load_cpu_profile(path: str | None = None) -> CpuProfile:
     unknown = set(raw) - fields
     if unknown:
         raise ConfigError(f"{path}: unknown fields {sorted(unknown)}; expected {sorted(fields)}")
-    return CpuProfile(**raw)
+    return CpuProfile(**{k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()})

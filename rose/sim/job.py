@@ -30,12 +30,12 @@ def job_split(job_gpus: int, train_fraction: float, tp: int, outside_capacity: b
 class Trainer:
     """One train step's compute at a time. On devices of its own the step takes its exclusive time;
     where a rollout engine shares them, the two time-share (processor sharing, as the OS shares a
-    core): each runs at half speed while both have work, so the step's end moves whenever the engine
-    starts or stops decoding. `end()` is the step's end at the current rate."""
+    core): each runs at `share` of its speed (half, less what switching costs) while both have work, so
+    the step's end moves whenever the engine starts or stops decoding. `end()` is the step's end at the
+    current rate."""
 
-    SHARE = 0.5  # each side's speed while both run on shared devices
-
-    def __init__(self) -> None:
+    def __init__(self, share: float = 0.5) -> None:
+        self.share = share  # each side's speed while both run on shared devices
         self.left = 0.0  # exclusive seconds of compute the step still needs
         self.rate = 1.0  # its speed now (1: the devices are its own)
         self.t = 0.0  # when `left` was last brought up to date
@@ -44,13 +44,13 @@ class Trainer:
 
     def start(self, now: float, work_s: float, engine_busy: bool) -> float:
         self.left, self.t, self.started = work_s, now, now
-        self.rate = self.SHARE if engine_busy else 1.0
+        self.rate = self.share if engine_busy else 1.0
         self.epoch += 1
         return self.end()
 
     def engine_changed(self, now: float, engine_busy: bool) -> float | None:
         """The new end if the rate changed, else None (the scheduled end stands)."""
-        rate = self.SHARE if engine_busy else 1.0
+        rate = self.share if engine_busy else 1.0
         if rate == self.rate:
             return None
         self.left = max(0.0, self.left - (now - self.t) * self.rate)

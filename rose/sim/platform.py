@@ -35,6 +35,7 @@ class Platform:
     # Slow-down of the trainer and of rollout engines on other devices while both run (the host's
     # shared caches and memory bandwidth; 0 on GPUs, which share neither)
     contention: float = 0.0
+    share: float = 0.5  # each side's speed while a trainer and a rollout engine time-share the same devices
 
     def train_s(self, tokens: float, trajectories: int, gpus: int) -> float:
         if self.cpu is not None:
@@ -74,13 +75,19 @@ def build(cfg: SimConfig, rng: np.random.Generator, azure_csv: str = AZURE_CSV) 
     if cfg.platform == "cpu":
         prof = load_cpu_profile()
         roll = prof.linear(max_seqs=64)
-        serve = replace(prof.linear(max_seqs=256), max_seqs=256)
+        serve, co_roll = replace(prof.linear(max_seqs=256), max_seqs=256), replace(roll, max_seqs=128)
+        # A co-served step as the serving worker's controller measured it (two engines and the worker's
+        # other threads in one process on one core), where the profile has it; else the engine alone.
+        if prof.coserve_rollout_ms:
+            co_roll = replace(co_roll, a_ms=prof.coserve_rollout_ms[0], b_ms=prof.coserve_rollout_ms[1])
+        if prof.coserve_serving_ms:
+            serve = replace(serve, a_ms=prof.coserve_serving_ms[0], b_ms=prof.coserve_serving_ms[1])
         fleet = None
         if cfg.serving_gpus:
             # One core serves the tiny model next to the rollout engine; memory is not what binds here.
-            fleet = ServingFleet(slo, serve, replace(roll, max_seqs=128), shape, 1e12, 1e12, 1.0, 0.0, 512, rng,
-                                 cfg.coserve_overhead_ms)
-        return Platform(roll, fleet, 1, cfg, cpu=prof, contention=prof.contention if cfg.contention else 0.0)
+            fleet = ServingFleet(slo, serve, co_roll, shape, 1e12, 1e12, 1.0, 0.0, 512, rng, cfg.coserve_overhead_ms)
+        return Platform(roll, fleet, 1, cfg, cpu=prof, contention=prof.contention if cfg.contention else 0.0,
+                        share=0.5 * prof.sharing)
     gpu, model = GPUS[cfg.gpu], MODELS[cfg.model]
     ctx = mean_context(cfg)
     cm = CostModel(gpu, model, ctx)

@@ -7,6 +7,7 @@ import os
 import pytest
 
 from rose.sim.calibrate import GUESS, calibrate, fit_coserve_overhead, harvest
+from rose.sim.costs import load_cpu_profile
 from rose.sim.sync import sync_times
 
 RUNS = os.path.join(os.path.dirname(__file__), "..", "..", "..", "benchmarks", "sim", "e2e_runs.jsonl")
@@ -33,10 +34,15 @@ def test_calibration_reproduces_what_it_fits_and_reports_every_measured_mode():
     fixed = rows[("fixed", "sync")]
     assert fixed["sim_rollout_s"] == pytest.approx(fixed["measured_rollout_s"], rel=0.01)  # the fitted figure
     assert res["coserve_harvest"] == pytest.approx(res["measured_harvest"], abs=0.002)
-    assert rows[("ideal", "async")]["sim_traj_s"] < rows[("ideal", "async")]["sim_no_contention_traj_s"]
+    ideal = rows[("ideal", "async")]
+    if load_cpu_profile().contention > 0:  # the trainer slowed by rollouts on the other core
+        assert ideal["sim_traj_s"] < ideal["sim_no_contention_traj_s"]
+    else:
+        assert ideal["sim_traj_s"] == ideal["sim_no_contention_traj_s"]
     assert res["calibration_error"] == max(r["error"] for r in res["rows"])
 
 
 def test_more_coserving_overhead_harvests_less():
     assert harvest(GUESS, 0.0) > harvest(GUESS, 5.0) > harvest(GUESS, 20.0)
-    assert harvest(GUESS, fit_coserve_overhead(GUESS, 0.5)) == pytest.approx(0.5, abs=0.002)
+    target = harvest(GUESS, 3.0)  # a harvest the profile can reach: the fit finds the overhead that gives it
+    assert fit_coserve_overhead(GUESS, target) == pytest.approx(3.0, abs=0.05)
