@@ -276,17 +276,21 @@ def test_the_rollout_capacity_offered_leaves_room_for_serving_decodes_not_one_pr
         ex.close()
 
 
+class FixedSteps(SloController):
+    """Admits everything and plans `steps` rollout steps an iteration in a period of `budget_ms`."""
+
+    def __init__(self, steps: int, budget_ms: float):
+        super().__init__(SloConfig(ttft_ms=1000, tpot_ms=1000))
+        self.steps, self.budget_ms = steps, budget_ms
+
+    def plan(self, serving, rollout):
+        admit = tuple(r.request_id for r in rollout.waiting)
+        return IterationPlan(serving.decoding, 0.0, True, rollout_admit=admit, budget_ms=self.budget_ms,
+                             rollout_tokens=len(rollout.running) + len(rollout.waiting), rollout_steps=self.steps)
+
+
 def test_the_executor_runs_the_planned_rollout_steps_back_to_back_and_a_serving_arrival_ends_them():
-    class Steps(SloController):
-        def __init__(self):
-            super().__init__(SloConfig(ttft_ms=1000, tpot_ms=1000))
-
-        def plan(self, serving, rollout):
-            admit = tuple(r.request_id for r in rollout.waiting)
-            return IterationPlan(serving.decoding, 0.0, True, rollout_admit=admit, budget_ms=1000.0,
-                                 rollout_tokens=len(rollout.running) + len(rollout.waiting), rollout_steps=4)
-
-    ex = CoServingExecutor(FakeEngine(), FakeEngine(), Steps())
+    ex = CoServingExecutor(FakeEngine(), FakeEngine(), FixedSteps(4, budget_ms=1000.0))
     try:
         g = ex.generate([1, 2], SamplingSpec(max_tokens=12)).result(timeout=10)
         assert len(g.token_ids) == 12
@@ -326,16 +330,7 @@ class SlowEngine(FakeEngine):
 
 
 def test_extra_rollout_steps_stop_when_the_measured_period_has_used_the_budget():
-    class Eight(SloController):  # plans eight rollout steps in a 50 ms period
-        def __init__(self):
-            super().__init__(SloConfig(ttft_ms=1000, tpot_ms=1000))
-
-        def plan(self, serving, rollout):
-            admit = tuple(r.request_id for r in rollout.waiting)
-            return IterationPlan(serving.decoding, 0.0, True, rollout_admit=admit, budget_ms=50.0,
-                                 rollout_tokens=len(rollout.running) + len(rollout.waiting), rollout_steps=8)
-
-    ex = CoServingExecutor(FakeEngine(), SlowEngine(20.0), Eight())
+    ex = CoServingExecutor(FakeEngine(), SlowEngine(20.0), FixedSteps(8, budget_ms=50.0))
     try:
         g = ex.generate([1, 2], SamplingSpec(max_tokens=16)).result(timeout=30)
         assert len(g.token_ids) == 16 and ex.stats["rollout_steps"] == 16
