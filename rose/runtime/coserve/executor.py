@@ -162,7 +162,7 @@ class CoServingExecutor(CommandThread):
         return True  # "wake": nothing to apply; the thread looks at its work again
 
     def _views(self, now: float) -> tuple[ServingView, RolloutView]:
-        return (serving_view(self.serving, list(self._serving_reqs.values()), now),
+        return (serving_view(self.serving, self._serving_reqs.values(), now),
                 rollout_view(self.rollout, self._running, self._waiting, self._asleep, self._waited))
 
     def _work(self) -> None:  # one iteration

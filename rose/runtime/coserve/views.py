@@ -6,7 +6,7 @@ from rose.runtime.coserve.slo import RolloutSeq, RolloutView, ServingView
 
 
 def serving_view(engine, requests, now: float) -> ServingView:
-    """`requests`: the serving requests in the engine; `now`: perf_counter seconds."""
+    """`requests`: the serving requests in the engine (a sized collection); `now`: perf_counter seconds."""
     waiting = [q for q in requests if q.t_first is None]
     kv = kv_of(engine)
     return ServingView(

