@@ -56,11 +56,13 @@ class ModelConfig:
 class EngineConfig:
     """The vLLM rollout engine on each rollout worker."""
 
-    # Weights and activations in the engine: bfloat16 | float32. The trainer keeps float32 master
+    # Weights and activations in the engine: auto | bfloat16 | float32. The trainer keeps float32 master
     # weights either way; weight sync sends what the engines hold, and in bf16 a small update
     # changes few elements (measured: ~2 % at lr 1e-6), so deltas are small. float32 engines make
-    # vLLM's and the trainer's log-probs agree to rounding (~1e-7 nats; bf16: ~3e-3).
-    dtype: str = "bfloat16"
+    # vLLM's and the trainer's log-probs agree to rounding (~1e-7 nats; bf16: ~3e-3). auto: bfloat16
+    # where every rollout device computes it natively (GPUs, CPUs with AVX512-BF16 or AMX), else
+    # float32, chosen once per run (rose/runtime/engine/dtype.py).
+    dtype: str = "auto"
     kv_cache_gib: float = 0.5  # VLLM_CPU_KVCACHE_SPACE on CPU hosts (GiB)
     gpu_memory_utilization: float = 0.5  # GPU hosts: fraction of device memory for this engine
     max_num_seqs: int = 128  # sequences batched per engine iteration
@@ -85,7 +87,7 @@ class EngineConfig:
 
     def __post_init__(self):
         c = "EngineConfig"
-        config_check(self.dtype in ("float32", "bfloat16"), c, "dtype", self.dtype, "float32 or bfloat16")
+        config_check(self.dtype in ("auto", "float32", "bfloat16"), c, "dtype", self.dtype, "auto, float32 or bfloat16")
         _positive(c, "kv_cache_gib", self.kv_cache_gib)
         config_check(0 < self.gpu_memory_utilization <= 1, c, "gpu_memory_utilization",
                      self.gpu_memory_utilization, "in (0, 1]")
@@ -221,10 +223,11 @@ class ClusterConfig:
 
     num_dedicated: int = 1  # rollout workers with a dedicated engine
     # Trainer workers: more than one trains one model sharded over them (FSDP2; rank i binds to
-    # trainer_cores[i % len(trainer_cores)]). rose/runtime/worker/trainer_group.py
+    # trainer_cores[i::num_trainers], or one of them where those run out). rose/runtime/worker/trainer_group.py
     num_trainers: int = 1
     cores: tuple[int, ...] | None = None  # CPU cores to bind workers to; None = all of this host's
-    # The trainer's cores; None: the last of `cores`. Rollout workers take `cores` round-robin from the first.
+    # The trainer's cores; None: those of `cores` no rollout worker (nor an on-demand one of the elastic
+    # policy) is bound to, or the last where none is left. Rollout workers take `cores` round-robin from the first.
     trainer_cores: tuple[int, ...] | None = None
     dashboard: bool = False  # start the Dask dashboard (port 8787)
     # Network site of each worker, as `--rose-site` gives it on a real cluster (weight sync sends each

@@ -36,17 +36,31 @@ def _host_cores(cfg: ClusterConfig) -> list[int]:
 
 def _rollout_core(cfg: ClusterConfig, i: int) -> tuple[int, ...]:
     """The core of the i-th rollout worker (dedicated ones first, then serving, then on-demand ones):
-    round-robin over the host's cores from the first; the trainer's is by default the last, so a
-    rollout worker shares it only when every other core has one (in synchronous mode the trainer
-    idles while rollouts run)."""
+    round-robin over the host's cores from the first; the trainer's are by default the others (the
+    last where none is left), so a rollout worker shares a trainer core only when every other core has
+    one (in synchronous mode the trainer idles while rollouts run)."""
     cores = _host_cores(cfg)
     return (cores[i % len(cores)],)
 
 
-def _core_plan(cfg: ClusterConfig) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
-    """Trainer cores and one core tuple per rollout worker."""
-    trainer = tuple(cfg.trainer_cores) if cfg.trainer_cores else (_host_cores(cfg)[-1],)
-    return trainer, [_rollout_core(cfg, i) for i in range(cfg.num_dedicated + cfg.num_serving)]
+def _core_plan(cfg: ClusterConfig) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
+    """The cores of each trainer rank, and one core tuple per rollout worker.
+
+    By default the trainer takes every core of the host that no rollout worker is bound to (nor an
+    on-demand one the elastic policy may add), and the last core where none is left: on a laptop with
+    more cores than rollout workers, the rest would otherwise idle while the trainer, one thread on one
+    core, takes most of a synchronous step. Several ranks split the trainer's cores between them."""
+    rollout = [_rollout_core(cfg, i) for i in range(cfg.num_dedicated + cfg.num_serving)]
+    if cfg.trainer_cores:
+        trainer = tuple(cfg.trainer_cores)
+    else:
+        host = _host_cores(cfg)
+        extra = cfg.elastic.max_extra if cfg.policy == "elastic" else 0
+        taken = {c for i in range(len(rollout) + extra) for c in _rollout_core(cfg, i)}
+        trainer = tuple(c for c in host if c not in taken) or (host[-1],)
+    n = cfg.num_trainers
+    ranks = [trainer[r::n] or (trainer[r % len(trainer)],) for r in range(n)]
+    return ranks, rollout
 
 
 _TLS_FIELDS = ("tls_ca_file", "tls_client_cert", "tls_scheduler_cert", "tls_worker_cert")
@@ -127,13 +141,12 @@ class LocalRoseCluster(SpecCluster):
         self.log_dir = log_dir
         # The same options for every process this cluster starts, now and later (elastic workers).
         self._comm = comm = _comm_options(security)
-        trainer_cores, dedicated_cores = _core_plan(config)
-        workers = {"trainer-0": _worker_spec("trainer", trainer_cores, 2, engine, "trainer-0", config.trainer_site,
-                                             comm=comm, log_dir=log_dir)}
-        for i in range(1, config.num_trainers):  # the sharded trainer's other ranks, a core each
-            core = (trainer_cores[i % len(trainer_cores)],)
-            workers[f"trainer-{i}"] = _worker_spec("trainer", core, 2, engine, f"trainer-{i}", config.trainer_site,
+        rank_cores, dedicated_cores = _core_plan(config)
+        workers = {}
+        for i, cores in enumerate(rank_cores):  # more than one: the sharded trainer's ranks
+            workers[f"trainer-{i}"] = _worker_spec("trainer", cores, 2, engine, f"trainer-{i}", config.trainer_site,
                                                    comm=comm, log_dir=log_dir)
+        trainer_cores = tuple(c for cores in rank_cores for c in cores)
         slots = ("--rose-slots", str(config.dedicated_slots)) if config.dedicated_slots else ()
         self._trainer_cores = set(trainer_cores)
         for i, cores in enumerate(dedicated_cores[:config.num_dedicated]):
