@@ -111,7 +111,7 @@ def main():
     small = prepare_model(ModelConfig(), env_class("guess"), seed=args.seed, progress=False)
     big_cfg = ModelConfig(hidden_size=1024, num_layers=6, num_heads=16, warmstart_steps=0)
     big = prepare_model(big_cfg, env_class("guess"), seed=args.seed, progress=False)
-    cfg = EngineConfig()  # bf16 engines, as ROSE runs them
+    cfg = EngineConfig(dtype="bfloat16")  # bf16 engines, as ROSE runs them on GPUs
     configure_vllm_env(cfg)
     slo = SloConfig(ttft_ms=1000.0, tpot_ms=args.tpot_ms)
     base = load_checkpoint(big)

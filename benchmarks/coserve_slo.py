@@ -145,6 +145,7 @@ def main():
     from rose.runtime.cluster import LocalRoseCluster
     from rose.runtime.coserve import traffic
     from rose.runtime.coserve.traffic import LoadReport
+    from rose.runtime.engine.dtype import engine_dtype
     from rose.runtime.protocol import ModelSpec
     from rose.runtime.worker.plugin import prepare_worker
 
@@ -168,8 +169,8 @@ def main():
             client.submit(prepare_worker, spec, workers=[w], pure=False).result()
         info = client.scheduler_info()["workers"][serving]["metrics"]["rose"]
         url = f"http://127.0.0.1:{info['http_port']}"
-        dtypes = client.run(lambda dask_worker: str(dask_worker.plugins["rose"].host.cfg.engine.dtype),
-                            workers=[serving])[serving]
+        dtypes = client.run(lambda dask_worker: engine_dtype(dask_worker.plugins["rose"].host.cfg.engine),
+                            workers=[serving])[serving]  # as its engine was built ("auto" decided there)
         cap = asyncio.run(traffic.capacity(url, 10.0 if args.quick else 20.0))
         rate = args.rate
         if args.synthetic:

@@ -14,6 +14,7 @@ after it, up to `TRAINER_RESTARTS` times.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -138,6 +139,21 @@ def run(pipeline: Pipeline | str, cluster=None, steps: int | None = None, seed: 
             shutil.rmtree(run_dir.root, ignore_errors=True)
 
 
+def _with_engine_dtype(client: Client, spec: ModelSpec, rollout: list[str]) -> ModelSpec:
+    """`spec` with its engines' dtype decided once for the run where it says "auto": bfloat16 only where
+    every rollout worker's device computes it natively. The trainer publishes weights in it and every
+    engine loads them as they are, so no worker decides for itself."""
+    if spec.engine.dtype != "auto":
+        return spec
+    from rose.runtime.engine.dtype import choose_dtype, native_bf16
+
+    native = client.run(native_bf16, workers=rollout)
+    dtype = choose_dtype("auto", native.values())
+    logger.info("engine dtype auto: %s (bf16 native on %d of %d rollout workers)", dtype, sum(native.values()),
+                len(native))
+    return dataclasses.replace(spec, engine=dataclasses.replace(spec.engine, dtype=dtype))
+
+
 def _both(first, then):
     def on_step(row):
         first(row)
@@ -161,6 +177,7 @@ def _run(pipeline, client, spec, steps, progress, on_step, run_dir, persist, ckp
                           f"{roles}); start one with `dask worker ... --preload rose.worker --rose-role reward "
                           f"--rose-reward-model DIR`, or ClusterConfig(num_reward=1, reward_model=DIR)")
     _check_placement(client)
+    spec = _with_engine_dtype(client, spec, rollout_addresses(roles))
     rows, tables = history
     restarts, gone = 0, None
     redone: list[dict] = []  # rows of steps a trainer loss made the run do again

@@ -59,7 +59,7 @@ def swaps_main(model_dir: str) -> None:
     from rose.runtime.engine import SamplingSpec
     from rose.runtime.engine.vllm_engine import VllmEngine, configure_vllm_env
 
-    cfg = EngineConfig()  # bf16: the staged weights are cast before the swap
+    cfg = EngineConfig(dtype="bfloat16")  # the staged weights are cast before the swap
     configure_vllm_env(cfg)
     serve_spec, roll_spec = SamplingSpec(max_tokens=60, temperature=0.0), SamplingSpec(max_tokens=40, temperature=0.0)
     # A 5 ms TPOT: the serving step leaves (almost) nothing, so the reload goes a step per iteration

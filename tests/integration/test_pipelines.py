@@ -10,7 +10,9 @@ import pytest
 
 import rose
 from rose.errors import GraphError, ModelError
+from rose.fleet import roles_of
 from rose.pipeline import load_pipeline
+from rose.runtime.protocol import rollout_addresses
 from tests.integration.helpers import small_pipeline
 
 pytestmark = pytest.mark.integration
@@ -83,6 +85,20 @@ def test_bf16_engines_learn_from_the_fp32_trainer_through_small_syncs(cluster):
     assert (m["logprob_mismatch"] < BF16_LOGPROB_TOLERANCE).all(), m["logprob_mismatch"].tolist()
     # at lr 1e-6 few bf16 elements change: each sync is a fraction of the 1.1 MB model
     assert (m["sync_bytes"] > 0).all() and (m["sync_bytes"] < 0.25 * 1.1e6).all(), m["sync_bytes"].tolist()
+
+
+def test_an_auto_dtype_run_uses_one_dtype_decided_from_its_rollout_workers(cluster):
+    from rose.runtime.engine.dtype import choose_dtype, native_bf16
+
+    p = small_pipeline("guess", groups=2, group_size=4, steps=1, engine=rose.EngineConfig(dtype="auto"))
+    report = rose.run(p, cluster=cluster, progress=False)
+    assert report.metrics["weight_version"].tolist() == [1] and report.summary["failed"] == 0
+    # what the dedicated worker's engine holds and what its spec says: the run's choice, never "auto"
+    held = cluster.run(lambda dask_worker: (dask_worker.plugins["rose"].host.spec.engine.dtype,
+                                            str(dask_worker.plugins["rose"].host.engine.engine.param_dtype)),
+                       workers=rollout_addresses(roles_of(cluster)))
+    expect = choose_dtype("auto", [native_bf16()])  # the workers run on this host
+    assert set(held.values()) == {(expect, f"torch.{expect}")}, held
 
 
 def test_a_second_run_starts_from_the_checkpoint_not_the_last_sync(cluster):

@@ -15,6 +15,7 @@ from rose.config import EngineConfig
 from rose.errors import ConfigError, config_check
 from rose.models.loading import load_checkpoint
 from rose.runtime.coserve.slo import RolloutCaps, SloConfig
+from rose.runtime.engine.dtype import engine_dtype
 from rose.runtime.protocol import ModelSpec
 from rose.runtime.worker.host import Host
 
@@ -149,7 +150,7 @@ class ServingHost(Host):
             self.executor.load_weights(checkpoint, spec.version).result()
         self.tokenizer = AutoTokenizer.from_pretrained(spec.model_dir)
         # What the rollout engine holds, as shards: the base of the first sync's deltas.
-        self.weights.reset(spec.engine.dtype, spec.engine.weight_shard_bytes)
+        self.weights.reset(engine_dtype(spec.engine), spec.engine.weight_shard_bytes)
         self.weights.adopt(checkpoint, spec.version)
         self.spec = spec
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from rose.config import EngineConfig
 from rose.errors import EngineError, PromptTooLongError
 from rose.runtime.engine.base import EngineOutput, SamplingSpec
+from rose.runtime.engine.dtype import engine_dtype
 from rose.runtime.engine.vllm_weights import param_dtypes
 
 logger = logging.getLogger("rose.engine")
@@ -120,7 +121,7 @@ def engine_kwargs(model_dir: str, cfg: EngineConfig, max_model_len: int, seed: i
     budget = None if chunked else max(max_model_len, SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS)
     return dict(
         model=model_dir,
-        dtype=cfg.dtype,
+        dtype=engine_dtype(cfg),
         enforce_eager=True,
         max_model_len=max_model_len,
         max_num_seqs=cfg.max_num_seqs,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from rose.models.loading import load_checkpoint
+from rose.runtime.engine.dtype import engine_dtype
 from rose.runtime.protocol import ModelSpec
 from rose.runtime.worker.host import Host
 
@@ -42,7 +43,7 @@ class RolloutHost(Host):
             if spec.weights_dir is not None or spec.version != 0:  # a resumed run: the checkpoint's weights
                 self.engine.load_weights(checkpoint, spec.version).result()
         # What the engine holds, as shards: the base of the first sync's deltas.
-        self.weights.reset(spec.engine.dtype, spec.engine.weight_shard_bytes)
+        self.weights.reset(engine_dtype(spec.engine), spec.engine.weight_shard_bytes)
         self.weights.adopt(checkpoint, spec.version)
         self.spec = spec
 

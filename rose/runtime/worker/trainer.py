@@ -3,6 +3,7 @@
 this worker is rank 0 of a trainer sharded over them (rose/runtime/worker/trainer_group.py)."""
 from __future__ import annotations
 
+from rose.runtime.engine.dtype import engine_dtype
 from rose.runtime.protocol import ModelSpec
 from rose.runtime.worker.host import Host
 
@@ -52,7 +53,7 @@ class TrainerHost(Host):
         from rose.runtime.weights.publisher import RankPublisher
 
         torch.set_num_threads(max(1, len(self.cores) if self.cores else 1))
-        self.weights.reset(spec.engine.dtype, spec.engine.weight_shard_bytes)
+        self.weights.reset(engine_dtype(spec.engine), spec.engine.weight_shard_bytes)
         self.publisher = RankPublisher(self.weights.dtype, self.weights.shard_bytes)
         self.trainer = Trainer(spec.model_dir, seed=spec.seed, temperature=spec.engine.temperature)
         if spec.weights_dir is not None:  # a resumed run, or a replaced trainer: the checkpoint's state
