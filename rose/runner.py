@@ -114,7 +114,7 @@ def run(pipeline: Pipeline | str, cluster=None, steps: int | None = None, seed: 
             from rose.runtime.cluster import LocalRoseCluster
 
             logs = None if verbose else (os.path.join(out, "logs") if out else tempfile.mkdtemp(prefix="rose-logs-"))
-            cluster = LocalRoseCluster(pipeline.cluster, pipeline.engine, log_dir=logs)
+            cluster = LocalRoseCluster(local_cluster_config(pipeline), pipeline.engine, log_dir=logs)
             owned.append(cluster)
             if logs:
                 logger.info("workers write their output to %s", logs)
@@ -137,6 +137,14 @@ def run(pipeline: Pipeline | str, cluster=None, steps: int | None = None, seed: 
             thing.close()
         if out is None:
             shutil.rmtree(run_dir.root, ignore_errors=True)
+
+
+def local_cluster_config(pipeline: Pipeline):
+    """The ClusterConfig of the LocalRoseCluster `rose.run` starts for `pipeline`: a synchronous run's
+    rollouts and training take turns, so its trainer gets the rollout workers' cores too."""
+    from rose.runtime.cluster import synchronous_cores
+
+    return synchronous_cores(pipeline.cluster) if pipeline.staleness == 0 else pipeline.cluster
 
 
 def _with_engine_dtype(client: Client, spec: ModelSpec, rollout: list[str]) -> ModelSpec:

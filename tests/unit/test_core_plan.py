@@ -49,3 +49,23 @@ def test_the_plan_stays_on_the_host_and_apart_where_cores_allow(ncores, dedicate
         assert held | set(trainer) == set(cores)  # and no core idles
     if ncores - dedicated >= trainers:  # enough left for a core per rank: no two ranks share one
         assert len(trainer) == len(set(trainer))
+
+
+def test_a_synchronous_run_gives_the_trainer_every_core_but_the_serving_workers():
+    from rose.runtime.cluster import synchronous_cores
+
+    ranks, rollout = _core_plan(synchronous_cores(ClusterConfig(num_dedicated=1, cores=(0, 1))))
+    assert ranks == [(0, 1)] and rollout == [(0,)]  # the dedicated worker yields to each train step
+    cfg = synchronous_cores(ClusterConfig(num_dedicated=1, num_serving=1, serving_model="m", cores=(0, 1, 2)))
+    assert cfg.trainer_cores == (0, 2)  # serving-0 keeps core 1 to itself: it has latency objectives
+    assert synchronous_cores(ClusterConfig(cores=(0, 1), trainer_cores=(1,))).trainer_cores == (1,)  # chosen: kept
+
+
+def test_rose_run_starts_its_cluster_with_the_plan_for_the_run_s_mode():
+    import rose
+    from rose.runner import local_cluster_config
+
+    p = rose.Pipeline(name="p", env="guess", build=lambda step: None, cluster=ClusterConfig(num_dedicated=1, cores=(0, 1)))
+    assert local_cluster_config(p).trainer_cores == (0, 1)
+    async_p = rose.Pipeline(name="p", env="guess", build=lambda step: None, staleness=1, cluster=p.cluster)
+    assert local_cluster_config(async_p).trainer_cores is None  # rollouts overlap training: cores apart
