@@ -65,7 +65,8 @@ def test_rose_run_starts_its_cluster_with_the_plan_for_the_run_s_mode():
     import rose
     from rose.runner import local_cluster_config
 
-    p = rose.Pipeline(name="p", env="guess", build=lambda step: None, cluster=ClusterConfig(num_dedicated=1, cores=(0, 1)))
+    cluster = ClusterConfig(num_dedicated=1, cores=(0, 1))
+    p = rose.Pipeline(name="p", env="guess", build=lambda step: None, cluster=cluster)
     assert local_cluster_config(p).trainer_cores == (0, 1)
     async_p = rose.Pipeline(name="p", env="guess", build=lambda step: None, staleness=1, cluster=p.cluster)
     assert local_cluster_config(async_p).trainer_cores is None  # rollouts overlap training: cores apart
