@@ -81,6 +81,12 @@ def failed_group(specs, states, e: Exception, w) -> list[Trajectory]:
             continue
         traj = state.traj if state is not None else spec.trajectory()
         traj.finish_reason, traj.error = "failed", f"{type(e).__name__}: {e}"
-        traj.worker, traj.placement = w.address, "dedicated" if w.role == "dedicated" else "serving"
-        out.append(traj)
+        out.append(stamp(traj, w))
     return out
+
+
+def stamp(traj: Trajectory, w) -> Trajectory:
+    """`traj`, recorded as run on worker `w`: its address, and whether its engine was dedicated or
+    co-served beside a serving model."""
+    traj.worker, traj.placement = w.address, "dedicated" if w.role == "dedicated" else "serving"
+    return traj

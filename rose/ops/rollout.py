@@ -34,7 +34,7 @@ from rose.envs.base import StepResult, inline_by_name, is_inline, replay
 from rose.envs.deadline import DeadlineExceeded, call_with_deadline
 from rose.models.tokens import decode
 from rose.models.turns import turn_format
-from rose.ops.engine_calls import failed_group, generate_turn, on_engine_loop
+from rose.ops.engine_calls import failed_group, generate_turn, on_engine_loop, stamp
 from rose.ops.reward import as_reward
 from rose.runtime.engine.base import SamplingSpec
 from rose.runtime.protocol import Annotation, resume_key
@@ -220,10 +220,7 @@ async def _one(spec: RolloutSpec, w, state, stop) -> Trajectory | Partial:
         host = w.host
         traj = await agent_loop(spec, env, host.engine, host.tokenizer, host.spec.max_model_len, w.address, state,
                                 stop)
-    if isinstance(traj, Trajectory):
-        traj.worker = w.address
-        traj.placement = "dedicated" if w.role == "dedicated" else "serving"
-    return traj
+    return stamp(traj, w) if isinstance(traj, Trajectory) else traj
 
 
 async def _run_group(specs, states, key: str | None, attempt: int) -> pa.RecordBatch | Continuation:

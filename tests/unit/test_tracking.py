@@ -16,7 +16,7 @@ def test_scalars_are_the_rows_finite_numbers_and_settings_are_flat():
     assert scalars({"step": 3, "reward_mean": 0.5, "failed": 2, "loss": float("nan"), "ok": True, "x": "a"}) == \
         {"reward_mean": 0.5, "failed": 2.0}
     s = settings(PIPELINE)
-    assert s["name"] == "p" and s["engine.dtype"] == "bfloat16" and s["train.train.lr"] == "0.001"
+    assert s["name"] == "p" and s["engine.dtype"] == "auto" and s["train.train.lr"] == "0.001"
     assert s["train.train.algorithm"] == "dapo" and "build" not in s
 
 

@@ -74,7 +74,9 @@ def test_micro_batches_make_the_same_update(model_dir, agg):
     before = Trainer(model_dir, device="cpu").model.state_dict()
     moved = 0.0
     for (name, a), b in zip(whole.model.state_dict().items(), sliced.model.state_dict().values()):
-        assert torch.allclose(a, b, atol=2e-6), (name, (a - b).abs().max())
+        # Summation order differs between one pass and several (and with the CPU's vector width): on an
+        # AVX2 host the two updates differed by up to 2.5e-6, against steps of ~1e-3 (`moved`, below).
+        assert torch.allclose(a, b, atol=1e-5), (name, (a - b).abs().max())
         moved = max(moved, float((a - before[name]).abs().max()))
     assert moved > 1e-4  # the step did change the weights: the comparison is not of two untouched models
 
