@@ -18,14 +18,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from benchmarks.child import LineChild  # noqa: E402
+
 CORE = 0
+
+
+def tok_s(tokens: int, seconds: float) -> float:
+    return tokens / seconds
 
 
 def serve(dtype: str, steps: int, repeats: int, seed: int) -> None:
@@ -58,31 +63,11 @@ def serve(dtype: str, steps: int, repeats: int, seed: int) -> None:
         print(json.dumps(best), flush=True)
 
 
-class Engine:
-    def __init__(self, dtype: str, steps: int, repeats: int, seed: int):
-        cmd = [sys.executable, os.path.abspath(__file__), "--serve", dtype, "--steps", str(steps),
-               "--repeats", str(repeats), "--seed", str(seed)]
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self._read(ready=True)
-
-    def _read(self, ready: bool = False):
-        for line in self.proc.stdout:
-            line = line.strip()
-            if ready and line == "READY":
-                return None
-            if not ready and line.startswith("["):
-                return json.loads(line)
-        raise RuntimeError(f"the engine process exited (code {self.proc.wait()})")
-
-    def batch(self, n: int) -> float:
-        self.proc.stdin.write(f"BATCH {n}\n")
-        self.proc.stdin.flush()
-        tokens, s = self._read()
-        return tokens / s
-
-    def close(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait()
+def engine(dtype: str, steps: int, repeats: int, seed: int) -> LineChild:
+    """One dtype's engine process; `ask(f"BATCH {n}")` gives [tokens, seconds]."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--serve", dtype, "--steps", str(steps),
+           "--repeats", str(repeats), "--seed", str(seed)]
+    return LineChild(cmd, f"the {dtype} engine's process")
 
 
 def main():
@@ -104,11 +89,11 @@ def main():
     chosen = engine_dtype(EngineConfig(dtype="auto"))
     other = "float32" if chosen == "bfloat16" else "bfloat16"
     batches = (8, 128) if args.quick else (1, 8, 32, 64, 128)
-    engines = {d: Engine(d, args.steps, repeats, args.seed) for d in ("bfloat16", "float32")}
+    engines = {d: engine(d, args.steps, repeats, args.seed) for d in ("bfloat16", "float32")}
     rows = []
     try:
         for n in batches:
-            rows.append((n, engines["bfloat16"].batch(n), engines["float32"].batch(n)))
+            rows.append((n, *(tok_s(*engines[d].ask(f"BATCH {n}")) for d in ("bfloat16", "float32"))))
     finally:
         for e in engines.values():
             e.close()

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -29,6 +28,8 @@ from tqdm import tqdm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+from benchmarks.child import LineChild  # noqa: E402
 
 CORE = 0  # both paths' engines run on this core
 
@@ -84,32 +85,10 @@ def serve_direct(model_dir, engine_cfg, max_len, n, seed):
         print(json.dumps([gen_tokens, time.perf_counter() - t0]), flush=True)
 
 
-class DirectBaseline:
-    """The baseline's process, driven round by round from here."""
-
-    def __init__(self, n, seed):
-        cmd = [sys.executable, os.path.abspath(__file__), "--direct-only", "--trajectories", str(n),
-               "--seed", str(seed)]
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self._read("READY")
-
-    def _read(self, expect=None):
-        for line in self.proc.stdout:
-            line = line.strip()
-            if expect is not None and line == expect:
-                return line
-            if expect is None and line.startswith("["):
-                return json.loads(line)
-        raise RuntimeError(f"the direct baseline exited (code {self.proc.wait()})")
-
-    def round(self, r):
-        self.proc.stdin.write(f"ROUND {r}\n")
-        self.proc.stdin.flush()
-        return self._read()
-
-    def close(self):
-        self.proc.stdin.close()
-        self.proc.wait()
+def direct_baseline(n, seed) -> LineChild:
+    """The baseline's process, driven round by round from here (`ask(f"ROUND {r}")`)."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--direct-only", "--trajectories", str(n), "--seed", str(seed)]
+    return LineChild(cmd, "the direct baseline")
 
 
 def run_both(model_dir, engine_cfg, max_len, rounds, n, seed):
@@ -134,7 +113,7 @@ def run_both(model_dir, engine_cfg, max_len, rounds, n, seed):
 
     ncores = len(os.sched_getaffinity(0))
     cores = (CORE, (CORE + 1) % ncores) if ncores > 1 else (CORE,)
-    direct = DirectBaseline(n, seed)
+    direct = direct_baseline(n, seed)
     try:
         with LocalRoseCluster(ClusterConfig(num_dedicated=1, cores=cores), engine_cfg) as cluster, \
                 Client(cluster) as client:
@@ -163,7 +142,7 @@ def run_both(model_dir, engine_cfg, max_len, rounds, n, seed):
 
             results = []
             for r in tqdm(range(rounds + 1), desc="rounds (direct, rose)"):  # round 0 warms both up
-                d_tokens, d_s = direct.round(r)
+                d_tokens, d_s = direct.ask(f"ROUND {r}")
                 t0 = time.perf_counter()
                 table = finish(r, start(r))
                 r_s = time.perf_counter() - t0
@@ -174,7 +153,7 @@ def run_both(model_dir, engine_cfg, max_len, rounds, n, seed):
             # runs before the first block and after each, so that the baseline sees the same minutes.
             block = rounds if rounds < 4 else rounds // 2
             a_tokens = a_s = 0.0
-            direct_async = [direct.round(1)]
+            direct_async = [direct.ask("ROUND 1")]
             for first in range(1, rounds + 1, block):
                 rs = list(range(first, min(rounds, first + block - 1) + 1))
                 t0 = time.perf_counter()
@@ -185,7 +164,7 @@ def run_both(model_dir, engine_cfg, max_len, rounds, n, seed):
                     tables.append(finish(*inflight.pop(0)))
                 a_s += time.perf_counter() - t0
                 a_tokens += sum(tokens(t) for t in tables)
-                direct_async.append(direct.round(rs[-1]))
+                direct_async.append(direct.ask(f"ROUND {rs[-1]}"))
     finally:
         direct.close()
     d_tokens, d_s = sum(d[0] for d in direct_async), sum(d[1] for d in direct_async)

