@@ -64,7 +64,7 @@ ABLATIONS = (("defaults", {}), ("synchronous (staleness 0)", {"staleness": 0}),
              ("at most 16 rollout steps a serving step", {"coserve_steps": 16}),
              ("learnt TPOT margin (off by default)", {"slo_learn_margin": True}),
              ("tail migration on", {"migrate_tail": True}),
-             ("no cache affinity", {"affinity": False}), ("dense sync", {"sparse_sync": False}),
+             ("dense sync", {"sparse_sync": False}),
              ("no relays", {"relays": False}), ("dense sync, no relays", {"sparse_sync": False, "relays": False}))
 ABLATED = ("8b[algorithm=grpo-prompts=1024-inter_gbit=20.0-serving_rps=8.0]",
            "32b[algorithm=dapo-prompts=1024-inter_gbit=20.0-serving_rps=2.0]",

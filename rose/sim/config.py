@@ -73,7 +73,6 @@ class SimConfig:
     idle_release_s: float = 30.0  # an idle on-demand instance goes back after this (s)
     # --- ROSE's extensions (switches)
     staleness: int = 1  # asynchronous policies: rollouts may run this many versions behind
-    affinity: bool = True  # a shed group resumes on its last worker when it can (prefix cached)
     # once nothing waits, the oldest groups on serving GPUs move to idle dedicated ones (the runtime's
     # ClusterConfig.migrate, off by default there too)
     migrate_tail: bool = False

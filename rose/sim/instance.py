@@ -18,14 +18,13 @@ class Task:
     """One rollout group: a task of `width` trajectories, as the placement sees it."""
 
     __slots__ = ("key", "step", "width", "tokens", "left", "occ", "env_s", "train_tokens", "varied", "min_version",
-                 "affinity", "inst", "v_end", "placed_at", "extra_s", "done_at", "sheds", "run")
+                 "inst", "v_end", "placed_at", "extra_s", "done_at", "sheds", "run")
 
     def __init__(self, key, step, width, tokens, occ, env_s, train_tokens, varied, min_version):
         self.key, self.step, self.width = key, step, width
         self.tokens = self.left = tokens  # decode tokens of its longest trajectory; what is left of them
         self.occ, self.env_s, self.train_tokens, self.varied = occ, env_s, train_tokens, varied
         self.min_version = min_version
-        self.affinity = None  # the instance holding its prefix (after a shed)
         self.inst = None  # the instance running it
         self.v_end = 0.0  # the instance's clock when its decode ends
         self.placed_at = 0.0

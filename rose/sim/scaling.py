@@ -10,7 +10,8 @@ from time import perf_counter
 import numpy as np
 
 from rose.runtime.placement.elastic import elastic_target
-from rose.runtime.placement.policy import InFlight, RolloutTask, Running, WorkerSlot, place, plan_migrate, plan_shed
+from rose.runtime.placement.policy import (ROLES_OF_POLICY, InFlight, RolloutTask, Running, WorkerSlot, place,
+                                          plan_migrate, plan_shed)
 from rose.sim.instance import Instance, Task
 from rose.sim.serving import p99
 
@@ -30,7 +31,7 @@ def place_waiting(sim) -> None:
     tasks, by_key = [], {}
     for k in sorted(sim.waiting):
         for t in itertools.islice(sim.waiting[k], limit):
-            tasks.append(RolloutTask(t.key, t.width, t.min_version, f"s{k}", t.affinity))
+            tasks.append(RolloutTask(t.key, t.width, t.min_version, f"s{k}"))
             by_key[t.key] = t
     workers = [WorkerSlot(i.addr, i.role, i.slots, i.used, i.version) for i in ready]
     t0 = perf_counter()
@@ -56,8 +57,8 @@ def place_waiting(sim) -> None:
 
 
 def _resume_cost(sim, task: Task, inst: Instance) -> None:
-    """A continuation on a worker without its prefix recomputes its context first."""
-    if task.tokens != task.left and inst.addr != task.affinity:
+    """A continuation recomputes its context first (it moved: shed to room elsewhere, migrated or preempted)."""
+    if task.tokens != task.left:
         context = sim.cfg.prompt_tokens + task.tokens - task.left
         task.extra_s += context * task.occ * inst.cost.prefill_ms_per_token / 1e3
 
@@ -76,7 +77,6 @@ def migrate(sim, ready: list[Instance]) -> None:
             continue
         src.remove(task, sim.now)
         sim._retime(src)
-        task.affinity = None
         _resume_cost(sim, task, dst)
         dst.start(task, sim.now)
         sim._retime(dst)
@@ -90,12 +90,15 @@ def requeue(sim, task: Task) -> None:
 
 
 def shed(sim, inst: Instance) -> None:
-    """The scheduler takes back the newest rollouts of a worker over its offer (they resume elsewhere)."""
-    running = [InFlight(t.key, t.width, t.placed_at) for t in inst.decoding.values()]
-    for key in plan_shed(running, inst.slots - (inst.used - sum(r.width for r in running))):
+    """The scheduler takes back the newest rollouts of a worker over its offer that another worker has
+    room for now (they resume there, without affinity back); the rest stay and run slower."""
+    running = [InFlight(t.key, t.width, t.placed_at, t.min_version) for t in inst.decoding.values()]
+    roles = ROLES_OF_POLICY[PLACE_POLICY[sim.policy]]
+    others = [WorkerSlot(i.addr, i.role, i.slots, i.used, i.version) for i in sim.insts.values()
+              if i is not inst and i.role in roles and i.up and not i.asleep and i.factor < PAUSED]
+    for key in plan_shed(running, inst.slots - (inst.used - sum(r.width for r in running)), others):
         task = inst.tasks[key]
         inst.remove(task, sim.now)
-        task.affinity = inst.addr if sim.cfg.affinity else None
         task.sheds += 1
         sim.r.sheds += 1
         requeue(sim, task)
@@ -187,7 +190,7 @@ def preempt(sim, addr: str) -> None:
         return
     for task in list(inst.tasks.values()):
         inst.remove(task, sim.now)
-        task.left, task.affinity, task.extra_s = task.tokens, None, 0.0
+        task.left, task.extra_s = task.tokens, 0.0
         requeue(sim, task)
     sim.r.preemptions += 1
     retire(sim, inst)

@@ -144,6 +144,37 @@ def test_plan_shed_fits_and_sheds_newest(items, slots):
         assert not shed
 
 
+@given(st.lists(st.tuples(st.integers(1, 8), st.floats(0, 100), st.integers(0, 2)), max_size=12), st.integers(0, 40),
+       st.lists(st.tuples(st.integers(-4, 16), st.integers(0, 2)), max_size=3), st.integers(0, 12))
+def test_plan_shed_gives_back_only_what_other_workers_have_room_for(items, slots, others, held):
+    running = [InFlight(f"k{i}", w, t, v) for i, (w, t, v) in enumerate(items)]
+    workers = [WorkerSlot(f"w{i}", "dedicated", max(free, 0), max(-free, 0), v) for i, (free, v) in enumerate(others)]
+    shed = plan_shed(running, slots, workers, held)
+    assert len(set(shed)) == len(shed)
+    # what is shed fits the others' room (held taken first), each task on one worker at its version
+    room = _room_after_held(workers, held)
+    for r in sorted((r for r in running if r.key in shed), key=lambda r: -r.width):
+        fits = [i for i, (f, v) in enumerate(room) if f >= r.width and v >= r.min_version]
+        assert fits, (r, room)
+    for v in range(3):  # no more shed at a version than the room at or above it
+        assert (sum(r.width for r in running if r.key in shed and r.min_version >= v)
+                <= sum(f for f, fv in room if fv >= v))
+    if not shed and sum(r.width for r in running) > slots:  # over, and kept: nothing fits anywhere
+        assert not any(f >= r.width and v >= r.min_version for r in running for f, v in room)
+    if sum(r.width for r in running) <= slots:
+        assert not shed
+
+
+def _room_after_held(workers, held):
+    room = sorted(((w.free, w.weight_version) for w in workers if w.free > 0), reverse=True)
+    out = []
+    for f, v in room:
+        take = min(f, held)
+        out.append((f - take, v))
+        held -= take
+    return out
+
+
 def test_elastic_target():
     cfg = ElasticConfig(max_extra=3, worker_slots=10, idle_release_s=5)
     assert elastic_target(0, 0, 0, 0.0, cfg) == 0

@@ -71,7 +71,7 @@ def test_only_a_change_of_slots_or_weights_asks_for_a_dispatch():
 
 
 def test_a_capacity_drop_sheds_the_newest_tasks_at_once():
-    book = make_book(dedicated(slots=16), shed_after_s=0.0)
+    book = make_book(dedicated(slots=16), serving(slots=8), shed_after_s=0.0)
     for i, key in enumerate(["old", "mid", "new"]):
         run_task(book, key, D, 4, now=1.0 + i)
     out = book.on_report(D, dedicated(slots=4), 5.0, RUNNING, "drop")
@@ -80,18 +80,18 @@ def test_a_capacity_drop_sheds_the_newest_tasks_at_once():
 
 
 def test_over_its_slots_a_worker_sheds_only_after_shed_after_s():
-    book = make_book(dedicated(slots=16), shed_after_s=0.5)
+    book = make_book(dedicated(slots=16), serving(slots=16), shed_after_s=0.5)
     run_task(book, "a", D, 8, now=1.0)
     run_task(book, "b", D, 8, now=2.0)
     assert book.on_report(D, dedicated(slots=8), 10.0, RUNNING, "drop") == [Dispatch("drop")]  # over since 10.0
     assert book.tick(10.4, RUNNING, "tick-1") == []
     assert book.tick(10.5, RUNNING, "tick-2") == [Shed(D, ("b",), "over-slots")]
     assert book.tick(11.0, RUNNING, "tick-3") == []  # asked once: "b" is on its way back
-    assert [(s.time, s.worker, s.slots, s.used) for s in book.history][-1] == (11.0, D, 8, 16)
+    assert [(s.time, s.worker, s.slots, s.used) for s in book.history][-2:] == [(11.0, D, 8, 16), (11.0, S, 16, 0)]
 
 
 def test_back_under_its_slots_a_worker_starts_over():
-    book = make_book(dedicated(slots=16), shed_after_s=0.5)
+    book = make_book(dedicated(slots=16), serving(slots=16), shed_after_s=0.5)
     run_task(book, "a", D, 16, now=1.0)
     book.on_report(D, dedicated(slots=8), 10.0, RUNNING, "drop")
     book.on_report(D, dedicated(slots=16), 10.3, RUNNING, "rise")
@@ -99,6 +99,31 @@ def test_back_under_its_slots_a_worker_starts_over():
     book.on_report(D, dedicated(slots=8), 10.6, RUNNING, "drop-again")
     assert book.tick(11.0, RUNNING, "tick-2") == []  # over since 10.6, not 10.0
     assert book.tick(11.1, RUNNING, "tick-3") == [Shed(D, ("a",), "over-slots")]
+
+
+def test_over_its_slots_a_worker_keeps_what_no_other_worker_has_room_for():
+    book = make_book(dedicated(slots=8), serving(slots=16), shed_after_s=0.0)
+    run_task(book, "d1", D, 8, now=1.0)
+    run_task(book, "s1", S, 8, now=1.0)
+    run_task(book, "s2", S, 8, now=2.0)
+    assert book.on_report(S, serving(slots=8), 3.0, RUNNING, "dip") == [Dispatch("dip")]  # the dedicated one is full
+    assert book.tick(3.5, RUNNING, "tick-1") == [] and book.counts[f"shed@{S}"] == 0
+    book.on_finished("d1", "memory", "d1-done")  # room appears: the newest goes there
+    assert book.tick(4.0, RUNNING, "tick-2") == [Shed(S, ("s2",), "over-slots")]
+
+
+def test_room_elsewhere_counts_what_earlier_sheds_are_bringing_and_the_weight_version():
+    book = make_book(dedicated(slots=8), serving(slots=24), shed_after_s=0.0)
+    for i, key in enumerate(["s1", "s2", "s3"]):
+        run_task(book, key, S, 8, now=1.0 + i)
+    book.on_report(S, serving(slots=0), 5.0, RUNNING, "dip")
+    assert book.shedding[S] == {"s3"}  # the dedicated worker has room for one of three
+    assert book.tick(5.5, RUNNING, "tick") == []  # that room is s3's until its continuation is placed
+    behind = make_book(WorkerReport(D, "dedicated", slots=8, weight_version=0), serving(slots=16), shed_after_s=0.0)
+    behind.on_parked([RolloutTask("new", 8, min_version=1)], 1.0, "park")
+    behind.on_started("new", S, 1.0, "start")
+    behind.on_report(S, serving(slots=0), 2.0, RUNNING, "dip")
+    assert not behind.shedding[S]  # the worker with room is behind the task's weights
 
 
 def test_a_colocated_worker_has_no_slots_while_training_and_sheds_at_once():
@@ -149,7 +174,7 @@ def test_a_late_report_of_a_worker_that_left_is_ignored_until_it_registers_again
 
 
 def test_a_finished_shed_task_counts_as_shed_returned():
-    book = make_book(dedicated(slots=16), shed_after_s=0.0)
+    book = make_book(dedicated(slots=16), serving(slots=16), shed_after_s=0.0)
     run_task(book, "a", D, 8, now=1.0)
     run_task(book, "b", D, 8, now=2.0)
     book.on_report(D, dedicated(slots=8), 3.0, RUNNING, "drop")
@@ -174,7 +199,7 @@ def test_tasks_waiting_with_no_rollout_worker_warn_once():
 
 
 def test_each_logged_event_names_its_stimulus():
-    book = make_book(dedicated(slots=16, colocated=True), shed_after_s=0.0)
+    book = make_book(dedicated(slots=16, colocated=True), serving(slots=8), shed_after_s=0.0)
     run_task(book, "a", D, 8, now=1.0)
     run_task(book, "b", D, 8, now=2.0)
     book.on_report(D, dedicated(slots=8, colocated=True), 3.0, RUNNING, "drop")
@@ -182,7 +207,7 @@ def test_each_logged_event_names_its_stimulus():
     book.on_report(T, WorkerReport(T, "gpu"), 5.0, RUNNING, "gpu-report")
     book.on_worker_removed(D, 6.0, "worker-left")
     assert [(e.kind, e.stimulus_id) for e in book.events] == [
-        ("joined", f"join-{D}"), ("shed", "drop"), ("training", "train-starts"), ("shed", "train-starts"),
+        ("joined", f"join-{D}"), ("joined", f"join-{S}"), ("shed", "drop"), ("training", "train-starts"), ("shed", "train-starts"),
         ("refused", "gpu-report"), ("removed", "worker-left")]
     assert book.state(7.0, RUNNING, 0)["events"][-1][1:3] == ("removed", D)
 

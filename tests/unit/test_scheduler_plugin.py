@@ -86,3 +86,13 @@ def test_without_colocation_a_train_step_changes_nothing():
     plugin.update_graph(plugin.scheduler, tasks=["g-train-s1"], annotations={"rose-trains": {"g-train-s1": True}})
     plugin.transition("g-train-s1", "waiting", "processing", stimulus_id="t")
     assert _slot(plugin, "tcp://d").slots == 16 and sent == [] and plugin.errors == 0
+
+
+def test_a_serving_worker_over_its_slots_sheds_to_room_elsewhere_and_its_continuation_keeps_no_affinity():
+    sent = []
+    plugin = _plugin_with_workers(sent)
+    plugin.book.shed_after_s = 0.0
+    plugin.book.inflight["tcp://s"]["rose-rollout-b"] = InFlight("rose-rollout-b", 8, 1.0)
+    plugin.log_event("rose-capacity", {"worker": "tcp://s", "role": "serving", "slots": 4, "weight_version": 0})
+    # the dedicated worker has room: the task goes there, and only a yield to training keeps affinity
+    assert sent == [("tcp://s", {"op": "rose-shed", "keys": ["rose-rollout-b"], "migrate": True})]

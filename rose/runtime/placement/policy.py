@@ -152,19 +152,48 @@ class InFlight:
     key: str
     width: int
     placed_at: float  # when it started on its worker (s, the plugin's clock); the newest is shed first
+    min_version: int = 0  # the weight version a worker taking it over must hold
 
 
-def plan_shed(running: Sequence[InFlight], slots: int) -> list[str]:
-    """Which running tasks a worker gives back so that what stays fits `slots`: newest first
-    (they have the least progress to carry over), as few as possible."""
+# A worker over its slots still runs what it holds, only slower (a serving worker's executor admits what
+# its SLO leaves room for, and the rest waits inside it with its tokens kept). Giving a task back helps
+# only where another worker can start it now: shed into a queue with no room anywhere, it waits just the
+# same, pays a continuation (a re-prefill elsewhere), and, when its old worker recovers first, comes
+# straight back: on a serving worker whose offer dips with every burst, most placements ended that way.
+def plan_shed(running: Sequence[InFlight], slots: int, others: Sequence[WorkerSlot] | None = None,
+              held: int = 0) -> list[str]:
+    """Which running tasks a worker gives back so that what stays fits `slots`: newest first (they have
+    the least progress to carry over), as few as possible.
+
+    `others`: the workers that could take them over (the policy's roles, the worker itself left out);
+    a task is given back only if one of them has free slots for its width at its weight version (the
+    one with most room counts it taken), less `held` sequences already on their way there. None: no
+    such bound (a colocated worker yielding its device to training gives everything back).
+    """
     used = sum(r.width for r in running)
+    room = None if others is None else _room(others, held)
     out = []
     for r in sorted(running, key=lambda r: (r.placed_at, r.key), reverse=True):
         if used <= slots:
             break
+        if room is not None:
+            fits = [i for i, (free, version) in enumerate(room) if free >= r.width and version >= r.min_version]
+            if not fits:
+                continue
+            i = max(fits, key=lambda i: room[i][0])
+            room[i] = (room[i][0] - r.width, room[i][1])
         out.append(r.key)
         used -= r.width
     return out
+
+
+def _room(others: Sequence[WorkerSlot], held: int) -> list[tuple[int, int]]:
+    """(free slots, weight version) of each worker, `held` sequences taken from the roomiest first."""
+    room = sorted(((w.free, w.weight_version) for w in others if w.free > 0), reverse=True)
+    for i, (free, version) in enumerate(room):
+        take = min(free, held)
+        room[i], held = (free - take, version), held - take
+    return room
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from collections.abc import Container
 
 from rose.config import POLICIES
 from rose.runtime.placement import Assignment, InFlight, RolloutTask, WorkerSlot, place, plan_shed
-from rose.runtime.placement.policy import Running, plan_migrate
+from rose.runtime.placement.policy import ROLES_OF_POLICY, Running, plan_migrate
 from rose.runtime.protocol import ROLES, WorkerReport, group_of
 from rose.runtime.scheduler.records import Dispatch, Instruction, LogEntry, Sample, Shed
 
@@ -78,7 +78,7 @@ class PlacementBook:
         if old is not None and report.slots < old.slots:  # a drop: shed now if due
             w = self.slot(addr, running)
             if w is not None:
-                out += self._check_shed(w, now, stimulus_id)
+                out += self._check_shed(w, now, stimulus_id, view=self.view(running))
         return out
 
     def on_bad_report(self, addr: str, error: str, now: float, stimulus_id: str) -> None:
@@ -117,7 +117,8 @@ class PlacementBook:
 
     def on_started(self, key: str, addr: str, now: float, stimulus_id: str) -> None:
         self.where[key] = addr
-        self.inflight[addr][key] = InFlight(key, self.tasks[key].width, now)
+        task = self.tasks[key]
+        self.inflight[addr][key] = InFlight(key, task.width, now, task.min_version)
 
     def on_finished(self, key: str, finish_state: str, stimulus_id: str) -> list[Instruction]:
         """A managed task left processing: `finish_state` memory, erred, or released (its worker left)."""
@@ -199,7 +200,7 @@ class PlacementBook:
         for w in view:
             r = self.workers[w.address]
             self.history.append(Sample(now, w.address, w.role, w.slots, w.used, r.slo_met, r.slo_requests))
-            out += self._check_shed(w, now, stimulus_id)
+            out += self._check_shed(w, now, stimulus_id, view=view)
         if self.migrate and not waiting and not out:
             out += self._check_migrate(view, now, stimulus_id)
         return out
@@ -236,9 +237,13 @@ class PlacementBook:
         return out
 
     # Over its slots, a worker waits out shed_after_s first: a serving worker's capacity dips briefly
-    # with bursts of traffic, and a shed task costs a continuation. Forced (training), it sheds at once.
+    # with bursts of traffic, and a shed task costs a continuation. Then it gives back only what another
+    # worker has room for now (plan_shed), less what earlier sheds are still bringing there, and the
+    # continuation goes where the room is (no affinity back). Forced (training), it sheds all at once.
     # Tasks already asked to shed do not count again; plan_shed picks the newest (least progress).
-    def _check_shed(self, w: WorkerSlot, now: float, stimulus_id: str, force: bool = False) -> list[Shed]:
+    def _check_shed(self, w: WorkerSlot, now: float, stimulus_id: str, force: bool = False,
+                    view: list[WorkerSlot] = ()) -> list[Shed]:
+        """`view`: every rollout worker (`view`), for the room elsewhere; unused when `force`d."""
         if w.used <= w.slots:
             self.over_since.pop(w.address, None)
             return []
@@ -246,7 +251,13 @@ class PlacementBook:
         if not force and now - since < self.shed_after_s:
             return []
         pending = self.shedding[w.address]
-        keys = plan_shed([t for k, t in self.inflight[w.address].items() if k not in pending], w.slots)
+        others, held = None, 0
+        if not force:
+            roles = ROLES_OF_POLICY[self.policy]
+            others = [o for o in view if o.address != w.address and o.role in roles]
+            held = sum(t.width for a, keys in self.shedding.items() for k, t in self.inflight.get(a, {}).items()
+                       if k in keys)
+        keys = plan_shed([t for k, t in self.inflight[w.address].items() if k not in pending], w.slots, others, held)
         if not keys:
             return []
         pending.update(keys)

@@ -173,8 +173,10 @@ class RoseScheduler(SchedulerPlugin):
             if isinstance(i, Dispatch):
                 self._kick()
             elif isinstance(i, Shed):
+                # Only a colocated worker yielding to training keeps its continuations' affinity (its
+                # prefixes are cached there for after the train step); the others go where there is room.
                 self.scheduler.worker_send(i.worker, {"op": "rose-shed", "keys": list(i.keys),
-                                                      "migrate": i.reason == "migrate"})
+                                                      "migrate": i.reason != "training"})
 
     def _kick(self) -> None:
         if not self._kick_pending and self.scheduler is not None:

@@ -12,8 +12,10 @@ class Shed:
 
     worker: str  # address of the worker
     keys: tuple[str, ...]  # rollout task keys (newest first; to migrate, oldest first)
-    # "over-slots" (more sequences than slots for shed_after_s) | "training" (colocated) | "migrate" (the
-    # tail moves to dedicated workers with room: its continuation keeps no affinity to this worker)
+    # "over-slots" (more sequences than slots for shed_after_s; only what other workers have room for) |
+    # "training" (colocated: everything, and the continuations keep their affinity to this worker) |
+    # "migrate" (the tail moves to dedicated workers with room). Over-slots and migrating continuations
+    # keep no affinity to this worker: they go where the room is.
     reason: str
 
 

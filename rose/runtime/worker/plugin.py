@@ -146,8 +146,8 @@ class RoseWorker(WorkerPlugin):
 
     def _on_shed(self, keys=(), migrate=False, **kwargs) -> None:
         """Scheduler: give these rollout tasks back at their next turn boundary (a task that has not
-        started yet gives itself back at its first). `migrate`: they move to a dedicated worker with
-        room, so their continuations keep no affinity to this one."""
+        started yet gives itself back at its first). `migrate`: they move to a worker with room (not
+        a colocated worker's yield to training), so their continuations keep no affinity to this one."""
         self.shed.update(keys)
         if migrate:
             self.migrating.update(keys)
