@@ -302,3 +302,42 @@ def test_http_limits_are_validated(field, value):
 
     with pytest.raises(ConfigError, match=f"HttpLimits.{field}"):
         HttpLimits(**{field: value})
+
+
+class _Transport:
+    def __init__(self, buffered: int):
+        self.buffered = buffered
+
+    def is_closing(self):
+        return False
+
+    def get_write_buffer_size(self):
+        return self.buffered
+
+
+class _StuckResponse:
+    """A streaming response whose client reads nothing: a write that has to wait never finishes."""
+
+    def __init__(self):
+        self.written = []
+
+    async def write(self, data):
+        self.written.append(data)
+        await asyncio.Event().wait()
+
+
+def test_a_chunk_that_must_wait_on_a_client_that_reads_nothing_drops_it_after_the_write_timeout(tok):
+    from rose.runtime.coserve.http import ClientGone
+
+    front = ServingFrontend(None, tok, "tiny", 128, SloConfig(ttft_ms=1000, tpot_ms=100),
+                            HttpLimits(write_timeout_s=0.2))
+
+    async def go(transport):
+        resp = _StuckResponse()
+        with pytest.raises(ClientGone, match="read nothing for 0.2 s"):
+            await asyncio.wait_for(front._send(resp, b"data: x\n\n", transport), 5.0)
+        return resp.written
+
+    # with bytes already waiting in the connection's buffer, or without a transport, the timeout applies
+    assert asyncio.run(go(_Transport(buffered=4096))) == [b"data: x\n\n"]
+    assert asyncio.run(go(None)) == [b"data: x\n\n"]
