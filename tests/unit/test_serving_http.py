@@ -9,7 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rose.runtime.coserve.executor import CoServingExecutor
-from rose.runtime.coserve.http import MAX_BODY_BYTES, HttpLimits, ServingFrontend
+from rose.runtime.coserve.http import ServingFrontend
+from rose.runtime.coserve.http_limits import MAX_BODY_BYTES, HttpLimits
 from rose.runtime.coserve.slo import SloConfig, SloController
 from rose.runtime.engine.fake import FakeEngine
 
