@@ -243,7 +243,7 @@ class PlacementBook:
     # Tasks already asked to shed do not count again; plan_shed picks the newest (least progress).
     def _check_shed(self, w: WorkerSlot, now: float, stimulus_id: str, force: bool = False,
                     view: list[WorkerSlot] = ()) -> list[Shed]:
-        """`view`: every rollout worker (`view`), for the room elsewhere; unused when `force`d."""
+        """`view`: the rollout workers as `view` gives them, for the room elsewhere (unused when forced)."""
         if w.used <= w.slots:
             self.over_since.pop(w.address, None)
             return []
