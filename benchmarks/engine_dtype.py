@@ -24,7 +24,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from benchmarks.child import LineChild  # noqa: E402
+from benchmarks.support.child import LineChild  # noqa: E402
 
 CORE = 0
 

@@ -29,7 +29,7 @@ from tqdm import tqdm
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from benchmarks.child import LineChild  # noqa: E402
+from benchmarks.support.child import LineChild  # noqa: E402
 
 CORE = 0  # both paths' engines run on this core
 
