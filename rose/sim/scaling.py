@@ -89,19 +89,23 @@ def requeue(sim, task: Task) -> None:
     sim._want_placement()
 
 
-def shed(sim, inst: Instance) -> None:
+def shed(sim, inst: Instance, held: int = 0) -> int:
     """The scheduler takes back the newest rollouts of a worker over its offer that another worker has
-    room for now (they resume there, without affinity back); the rest stay and run slower."""
+    room for now, less `held` sequences shed earlier this tick and not yet placed (they resume there,
+    without affinity back); the rest stay and run slower. Returns the sequences shed."""
     running = [InFlight(t.key, t.width, t.placed_at, t.min_version) for t in inst.decoding.values()]
     roles = ROLES_OF_POLICY[PLACE_POLICY[sim.policy]]
     others = [WorkerSlot(i.addr, i.role, i.slots, i.used, i.version) for i in sim.insts.values()
               if i is not inst and i.role in roles and i.up and not i.asleep and i.factor < PAUSED]
-    for key in plan_shed(running, inst.slots - (inst.used - sum(r.width for r in running)), others):
+    width = 0
+    for key in plan_shed(running, inst.slots - (inst.used - sum(r.width for r in running)), others, held):
         task = inst.tasks[key]
         inst.remove(task, sim.now)
         task.sheds += 1
         sim.r.sheds += 1
+        width += task.width
         requeue(sim, task)
+    return width
 
 
 def serving_tick(sim, tick: int) -> None:
@@ -112,6 +116,7 @@ def serving_tick(sim, tick: int) -> None:
     mem_slots, kv_frac = fleet.memory_slots(p99(b))
     caps = fleet.controller.caps
     ok_count = 0
+    shed_width = 0  # sequences shed this tick: placed only after it, so they hold room elsewhere until then
     for i, inst in enumerate(sim.serving):
         inst.advance(sim.now)
         if sim.policy == "ideal":
@@ -137,7 +142,7 @@ def serving_tick(sim, tick: int) -> None:
             ok_count += res[0]
         inst.slots = slots
         if inst.used > slots:
-            shed(sim, inst)
+            shed_width += shed(sim, inst, shed_width)
         sim._retime(inst)
     if sim.policy != "ideal" and sim.serving:
         sim.r.attainment.append((sim.now, ok_count / len(sim.serving)))
