@@ -258,7 +258,7 @@ def test_the_rollout_capacity_offered_leaves_room_for_serving_decodes_not_one_pr
     from rose.runtime.coserve.slo import LatencyModel
 
     class Fixed(LatencyModel):  # the fake engines' instant steps must not teach it otherwise
-        def observe(self, tokens, ms):
+        def observe(self, tokens, ms, admitted=0, context=0):
             pass
 
     # Serving: a 100-token prefill predicts 41 ms, over any 30 ms budget; one decode 1.4 ms.

@@ -18,7 +18,6 @@ import logging
 import time
 from collections import deque
 from concurrent.futures import Future
-from dataclasses import replace
 from typing import Callable
 
 from rose.errors import EngineError
@@ -58,8 +57,10 @@ class CoServingExecutor(CommandThread):
         self._waited = 0  # iterations in a row with rollout sequences running but not stepped
         self._last_serving_step = None  # the last iteration with a serving step: (start, its ms, rollout ms, predicted)
         # Counters (loop thread). steps_cut: iterations whose extra rollout steps the measured period cut short.
+        # *_wall_ms - *_cpu_ms: time the core gave other threads or processes mid-step (contention).
         self.stats = dict.fromkeys(("iterations", "preemptions", "rollout_tokens", "serving_tokens", "rollout_steps",
-                                    "load_slices", "steps_cut"), 0)
+                                    "load_slices", "steps_cut", "rollout_wall_ms", "rollout_cpu_ms", "serving_wall_ms",
+                                    "serving_cpu_ms"), 0)
         self.last_plan = None
         # Serving requests decoding or about to (a peak halving in ~35 iterations): what the rollout capacity
         # offered leaves room for. Not prefill tokens: the running batch waits a prefill out (rollout_waits).
@@ -186,17 +187,19 @@ class CoServingExecutor(CommandThread):
         elif plan.rollout_sleep is False and self._asleep:
             self.rollout.wake_up()
             self._asleep = False
+        admitted = context = 0  # requests this iteration puts in the rollout engine, their context tokens
         if plan.rollout_admit:
             admit = set(plan.rollout_admit)
             for r in [r for r in self._waiting if r.request_id in admit]:
-                self._admit(r)
+                if self._admit(r):
+                    admitted, context = admitted + 1, context + len(r.context)
             self._waiting = [r for r in self._waiting if r.request_id not in admit]
         self.stats["iterations"] += 1
         serving_ms = rollout_ms = 0.0
         predicted = plan.serving_ms + self.controller.overhead_ms  # this iteration's period, as planned (ms)
         t_start = time.perf_counter()
         if self._serving_reqs:
-            serving_ms = self._step_serving(plan.serving_tokens)
+            serving_ms = self._step_serving(plan.serving_tokens, plan.serving_admits, plan.serving_prefill)
         if self.swaps.due:
             # A load slice takes the rollout step's place: the time serving leaves this iteration, and no
             # more with no serving request, so one that arrives meanwhile waits one slice at most.
@@ -204,7 +207,7 @@ class CoServingExecutor(CommandThread):
             rollout_ms = self.swaps.advance(min(plan.budget_ms - serving_ms + plan.serving_ms, cap))
             predicted = None  # a load slice has no step prediction to check
         elif plan.rollout_step and self._running:
-            rollout_ms = self._step_rollout(plan.rollout_tokens)
+            rollout_ms = self._step_rollout(len(self._running), admitted, context)
             predicted += plan.rollout_ms
             # More decode steps where the plan found them room; a serving request arriving ends them. Each is
             # checked against the period's time so far, as measured: a step slower than predicted takes its
@@ -231,26 +234,24 @@ class CoServingExecutor(CommandThread):
     def _serving_waiting(self) -> bool:
         return self._serves_sent != self._serves_applied or any(q.t_first is None for q in self._serving_reqs.values())
 
-    def _admit(self, r: _Rollout) -> None:
-        left = r.spec.max_tokens - len(r.gen.token_ids)
-        if left <= 0:
+    def _admit(self, r: _Rollout) -> bool:
+        """Put `r` in the rollout engine; False where it finished or failed instead."""
+        if r.spec.max_tokens <= len(r.gen.token_ids):
             r.finish("length", time.perf_counter())
-            return
-        r.segment += 1
-        eid = f"{r.request_id}~{r.segment}"
+            return False
+        eid, spec = r.next_segment()
         self.events.append((self.stats["iterations"], "admit", r.request_id, "resume" if r.segment > 1 else "new"))
-        spec = replace(r.spec, max_tokens=left,
-                       seed=None if r.spec.seed is None else r.spec.seed + r.segment - 1)
         try:
             self.rollout.add_request(eid, r.context, spec)
         except Exception as e:
             r.future.set_exception(e)
-            return
+            return False
         r.engine_id, r.admitted_at = eid, next(self._admissions)
         self._running[eid] = r
+        return True
 
-    def _step_serving(self, planned_tokens: int) -> float:
-        t0 = time.perf_counter()
+    def _step_serving(self, planned_tokens: int, admitted: int, prefill: int) -> float:
+        t0, c0 = time.perf_counter(), time.thread_time()
         try:
             outs = self.serving.step()
         except Exception as e:  # the requests in it fail with the reason; the executor serves on
@@ -260,8 +261,8 @@ class CoServingExecutor(CommandThread):
                 req.emit([], True, f"error: serving engine step failed: {e}")
             self._serving_reqs.clear()
             return (time.perf_counter() - t0) * 1e3
-        t1 = time.perf_counter()
-        self.controller.serving_model.observe(planned_tokens, (t1 - t0) * 1e3)
+        t1 = self._timed("serving", t0, c0)
+        self.controller.serving_model.observe(planned_tokens, (t1 - t0) * 1e3, admitted, prefill)
         for o in outs:
             req = self._serving_reqs.get(o.request_id)
             if req is None:
@@ -276,8 +277,14 @@ class CoServingExecutor(CommandThread):
             req.emit(list(o.token_ids), o.finished, o.error or o.finish_reason)
         return (t1 - t0) * 1e3
 
-    def _step_rollout(self, planned_tokens: int) -> float:
-        t0 = time.perf_counter()
+    def _timed(self, kind: str, t0: float, c0: float) -> float:
+        t1 = time.perf_counter()
+        self.stats[f"{kind}_wall_ms"] += (t1 - t0) * 1e3
+        self.stats[f"{kind}_cpu_ms"] += (time.thread_time() - c0) * 1e3
+        return t1
+
+    def _step_rollout(self, seqs: int, admitted: int = 0, context: int = 0) -> float:
+        t0, c0 = time.perf_counter(), time.thread_time()
         try:
             outs = self.rollout.step()
         except Exception as e:  # its requests fail, retryable (the agent loop sends them again)
@@ -286,8 +293,8 @@ class CoServingExecutor(CommandThread):
             failed, self._running = list(self._running.values()), {}
             fail(failed, f"rollout engine step failed: {e}", retryable=True)
             return (time.perf_counter() - t0) * 1e3
-        t1 = time.perf_counter()
-        self.controller.rollout_model.observe(planned_tokens, (t1 - t0) * 1e3)
+        t1 = self._timed("rollout", t0, c0)
+        self.controller.rollout_model.observe(seqs, (t1 - t0) * 1e3, admitted, context)
         self.stats["rollout_steps"] += 1
         self.stats["rollout_tokens"] += absorb(self._running, outs, self.rollout.weight_version, t1)
         return (t1 - t0) * 1e3

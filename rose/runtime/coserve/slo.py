@@ -13,7 +13,9 @@ rollout steps: those are what the plan budgets. Each iteration the controller
 3. skips the rollout step when a waiting serving request is close to its TTFT deadline;
 4. admits waiting rollout sequences while the predicted rollout step stays within what is left, and
    while the rollout in-flight caps (sequences, KV tokens: the memory budget) hold; with no serving
-   request in the engine, the caps alone bind;
+   request in the engine, the caps alone bind. Step times are predicted from the sequences a step
+   decodes, the requests it admits and their context tokens apart (`LatencyModel`): an admission
+   costs a request's setup, which a plain decode step does not pay;
 5. when the running rollout batch does not fit beside this iteration's serving step but would beside
    its decodes alone, lets it wait (no rollout step: a sequence that is not stepped costs no time) for
    up to `rollout_waits` iterations in a row, since serving steps swing with the prefills that arrive;
@@ -77,7 +79,7 @@ class IterationPlan:
     rollout_step: bool  # step the rollout engine after the serving engine
     rollout_admit: tuple[str, ...] = ()
     rollout_preempt: tuple[str, ...] = ()
-    rollout_tokens: int = 0  # tokens the rollout step batches (one per running sequence)
+    rollout_tokens: int = 0  # tokens the rollout step batches (one per running sequence, plus admitted contexts)
     rollout_ms: float = 0.0  # predicted rollout step time
     budget_ms: float = 0.0  # what rollout could use: TPOT budget minus margin minus serving_ms
     reason: str = ""  # why rollout was held back, if it was
@@ -86,6 +88,8 @@ class IterationPlan:
     # Rollout steps this iteration runs back to back (the first batches `rollout_tokens`, the others one
     # decode token per running sequence); 0 with no rollout step
     rollout_steps: int = 0
+    serving_admits: int = 0  # serving requests waiting for their first token (prefilled in this step)
+    serving_prefill: int = 0  # their prompt tokens this step prefills
 
 
 class SloController:
@@ -97,8 +101,10 @@ class SloController:
         self.slo = slo
         self.caps = caps
         self.prefill_chunk = prefill_chunk  # prompt tokens the serving engine prefills per step at most
-        self.serving_model = serving_model or LatencyModel()
-        self.rollout_model = rollout_model or LatencyModel()
+        # Priors until measured: a new request's setup 1 ms; an admitted rollout context costs its prefill
+        # (a serving step's prefill is in its tokens already).
+        self.serving_model = serving_model or LatencyModel(per_admit_ms=1.0)
+        self.rollout_model = rollout_model or LatencyModel(per_admit_ms=1.0, per_context_ms=0.05)
         # What an iteration costs beyond the two engine steps (the executor's own work, the HTTP
         # front end and Dask taking their turn on the interpreter): learned from measured iteration
         # periods, as a mean plus a mean upward deviation, and kept out of the rollout budget.
@@ -169,7 +175,8 @@ class SloController:
     def plan(self, serving: ServingView, rollout: RolloutView) -> IterationPlan:
         prefill = min(sum(serving.waiting_prompt_tokens), self.prefill_chunk)
         s_tokens = serving.decoding + prefill
-        s_ms = self.serving_model.predict(s_tokens)
+        s_admits = len(serving.waiting_prompt_tokens)
+        s_ms = self.serving_model.predict(s_tokens, s_admits, prefill)
         budget = self._budget(s_ms)
         running = sorted(rollout.running, key=lambda r: r.admitted_at)
 
@@ -199,9 +206,9 @@ class SloController:
             causes[victim.request_id] = "rollout memory caps"
             held -= victim.kv_tokens
 
-        def done(step: bool, reason: str = "", admit=(), tokens: int = 0) -> IterationPlan:
+        def done(step: bool, reason: str = "", admit=(), tokens: int = 0, context: int = 0) -> IterationPlan:
             tokens = tokens if step else 0
-            first = self.rollout_model.predict(tokens)
+            first = self.rollout_model.predict(len(running), len(admit), context) if tokens else 0.0
             steps = 0
             if step and tokens > 0:
                 # More steps only beside a serving step, never while a request waits for its first token.
@@ -211,7 +218,8 @@ class SloController:
                                  tuple(r.request_id for r in preempt), tokens,
                                  first, budget, reason,
                                  rollout_sleep=wake if (admit or running) else None,
-                                 notes={"preempt_causes": causes} if causes else {}, rollout_steps=steps)
+                                 notes={"preempt_causes": causes} if causes else {}, rollout_steps=steps,
+                                 serving_admits=s_admits, serving_prefill=prefill)
 
         if serving.decoding == 0 and not serving.waiting_prompt_tokens:
             # No serving request to protect: rollout runs within the memory caps alone. This also keeps
@@ -236,17 +244,19 @@ class SloController:
             return done(False, "no rollout work")
         admit: list[str] = []
         held = sum(r.kv_tokens for r in running)
-        tokens = len(running)  # one decode token per running sequence
+        context = 0  # admitted sequences' context tokens
         if not pressure:  # never admit while serving is short of memory (what was freed is serving's)
             for w in rollout.waiting:
                 # An admitted sequence's first step computes its whole context (a preempted one's
-                # prefix may be cached; counting it all errs on the side of serving).
+                # prefix may be cached; counting it all errs on the side of serving) and costs the
+                # engine a new request's setup.
                 if (len(running) + 1 > self.caps.max_seqs or held + w.kv_tokens > self.caps.max_kv_tokens
                         or held + w.kv_tokens > rollout.kv_available_tokens
-                        or self.rollout_model.predict(tokens + w.kv_tokens) > budget):
+                        or self.rollout_model.predict(len(running) + 1, len(admit) + 1, context + w.kv_tokens)
+                        > budget):
                     break
                 running.append(w)
                 held += w.kv_tokens
-                tokens += w.kv_tokens
+                context += w.kv_tokens
                 admit.append(w.request_id)
-        return done(True, "" if running else "no rollout sequence fits", admit, tokens)
+        return done(True, "" if running else "no rollout sequence fits", admit, len(running) + context, context)
