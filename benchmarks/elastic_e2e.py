@@ -20,9 +20,12 @@ engine share a device. Core 1 stands for capacity outside the job:
   overflow to the serving worker (at most --serving-seqs sequences) as its spare capacity allows.
 - ideal: the bound rose reaches for: core 1 given to a second dedicated rollout worker from the
   start, with the serving worker's --serving-seqs slots, and no serving traffic.
-The serving rate is fixed (not a fraction of a per-run measurement) so runs compare: the default is
-15 % of the serving worker's capacity measured once on this host (--capacity: closed-loop clients,
-`traffic.capacity`, against an idle serving worker: 205-249 req/s in four 8 s windows, 2026-12-01).
+The serving rate is fixed for every rose run of an invocation (not a fraction of a per-run measurement),
+so they compare: by default 15 % of the serving worker's capacity, measured once, at the first rose run's
+start, before the RL job attaches (closed-loop clients, `traffic.capacity`, against the idle serving
+worker, 8 s). A constant measured on one host (220 req/s, 2026-12-01) put 33 req/s on a later host where
+the same measurement gave 108 req/s (coserve_slo, 2026-12-02) and serving steps took 0.40-0.45 of the
+serving worker's time in rose's runs. Pass --rate and --capacity to hold both across invocations (an A/B of two commits).
 `serving_load` = rate / capacity, and
 
     fraction_of_ideal = (rose - fixed) / ((ideal - fixed) * (1 - serving_load))
@@ -55,6 +58,7 @@ start, where the serving worker builds its rollout engine and holds serving for 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import sys
@@ -66,9 +70,11 @@ sys.path.insert(0, ROOT)
 
 from benchmarks.support.traffic_process import TrafficProcess  # noqa: E402
 from rose.runtime.cluster import LocalRoseCluster  # noqa: E402
+from rose.runtime.coserve import traffic  # noqa: E402
 from rose.runtime.coserve.traffic import LoadReport  # noqa: E402
 
-CAPACITY = 220.0  # req/s: the serving worker's closed-loop capacity, measured once here (see the docstring)
+LOAD = 0.15  # the serving worker's default request rate, as a share of its measured capacity
+CAPACITY_S = 8.0  # seconds of closed-loop requests that measure it
 
 
 class BenchCluster(LocalRoseCluster):
@@ -129,7 +135,13 @@ def run_policy(name: str, pipeline, cluster_cfg, steps: int, args, staleness: in
         if cluster_cfg.num_serving:
             (w,) = [w for w in client.scheduler_info(n_workers=-1)["workers"].values()
                     if w["metrics"]["rose"]["role"] == "serving"]
-            load = TrafficProcess(f"http://127.0.0.1:{w['metrics']['rose']['http_port']}", args.trace, args.rate,
+            url = f"http://127.0.0.1:{w['metrics']['rose']['http_port']}"
+            if args.capacity is None:  # once, against the idle serving worker: no RL job has attached yet
+                args.capacity = asyncio.run(traffic.capacity(url, CAPACITY_S))
+                args.rate = args.rate or round(LOAD * args.capacity, 1)
+                print(f"serving worker's capacity {args.capacity:.1f} req/s (closed loop, {CAPACITY_S:.0f} s); "
+                      f"serving {args.rate:.1f} req/s in every rose run", file=sys.stderr, flush=True)
+            load = TrafficProcess(url, args.trace, args.rate,
                                   args.ttft_ms, args.tpot_ms, args.seed)
         t0 = time.monotonic()
         report = rose.run(replace(pipeline, cluster=cluster_cfg, staleness=staleness), cluster=client, steps=steps,
@@ -192,11 +204,11 @@ def main():
     ap.add_argument("--dedicated-slots", type=int, default=64,
                     help="rollout sequences the core-0 dedicated worker runs at once under elastic, rose and ideal")
     ap.add_argument("--allocation-delay", type=float, default=15.0, help="elastic: seconds to get a worker")
-    ap.add_argument("--rate", type=float, default=round(0.15 * CAPACITY, 1),
+    ap.add_argument("--rate", type=float, default=None,
                     help="serving requests per second, fixed for every rose run (default: 15%% of --capacity)")
-    ap.add_argument("--capacity", type=float, default=CAPACITY,
-                    help="the serving worker's capacity (req/s, measured once; see the docstring): serving_load = "
-                         "rate / capacity")
+    ap.add_argument("--capacity", type=float, default=None,
+                    help="the serving worker's capacity (req/s; default: measured at the first rose run's start): "
+                         "serving_load = rate / capacity")
     ap.add_argument("--ttft-ms", type=float, default=300.0)
     ap.add_argument("--tpot-ms", type=float, default=30.0)
     ap.add_argument("--trace", default=os.path.join(ROOT, "benchmarks", "data", "azure_llm_inference_2023_conv.csv"))
@@ -207,7 +219,8 @@ def main():
     ap.add_argument("--policies", default="fixed,elastic,rose,ideal", help=argparse.SUPPRESS)  # debugging: a subset
     args = ap.parse_args()
     steps = args.steps or (12 if args.quick else 30)
-    load = args.rate / args.capacity
+    if args.capacity is not None and args.rate is None:
+        args.rate = round(LOAD * args.capacity, 1)
 
     import rose
     from rose.config import ElasticConfig
@@ -243,8 +256,8 @@ def main():
     half = (["fixed sync", "rose async", "ideal async"] if args.quick else
             ["fixed sync", "rose async", "ideal async", "fixed async", "rose sync", "ideal sync", "elastic async"])
     order = [k for k in half + half[::-1] if modes[k][0] in args.policies.split(",")]
-    print(f"serving: {args.rate:.1f} req/s fixed ({load:.0%} of its {args.capacity:.0f} req/s capacity measured "
-          f"once); SLO TTFT {args.ttft_ms:.0f} ms / TPOT {args.tpot_ms:.0f} ms; run order: {', '.join(order)}",
+    rate = f"{args.rate:.1f} req/s" if args.rate else f"{LOAD:.0%} of its capacity, measured at the first rose run"
+    print(f"serving: {rate}, the same in every rose run; SLO TTFT {args.ttft_ms:.0f} ms / TPOT {args.tpot_ms:.0f} ms; run order: {', '.join(order)}",
           file=sys.stderr, flush=True)
     results: dict[str, list[dict]] = {}
     for label in order:
@@ -261,6 +274,7 @@ def main():
         return max((k for k, rs in results.items() if rs[0]["policy"] == policy), key=lambda k: mean(k, "traj_s"),
                    default=None)
 
+    load = args.rate / args.capacity if args.rate and args.capacity else 0.0  # 0: no rose run
     keys = {p: best(p) for p in ("fixed", "elastic", "rose", "ideal")}
     fk, ek, rk, ik = keys["fixed"], keys["elastic"], keys["rose"], keys["ideal"]
     traj = {p: mean(k, "traj_s") if k else None for p, k in keys.items()}
@@ -270,7 +284,8 @@ def main():
     print(f"\nelastic_e2e: pipelines/guess.py, {steps} steps (timed: 1..{steps - 1}; elastic {args.elastic_steps}), "
           f"128 trajectories a step; core-0 dedicated slots {args.dedicated_slots} (elastic, rose, ideal); core 1: "
           f"{args.serving_seqs} rollout sequences (rose's serving worker, ideal's and elastic's dedicated one); "
-          f"allocation delay {args.allocation_delay:.0f} s; serving {args.rate:.1f} req/s ({load:.0%} of capacity, "
+          f"allocation delay {args.allocation_delay:.0f} s; serving {args.rate or 0:.1f} req/s ({load:.0%} of "
+          f"{args.capacity or 0:.0f} req/s capacity, "
           f"Azure conversation trace), SLO TTFT {args.ttft_ms:.0f} ms / TPOT {args.tpot_ms:.0f} ms; in run order; "
           f"speed-ups against the mean of the best fixed mode ({fk})")
     print(f"{'run':<15}{'traj/s':>8}{'speedup':>9}{'step s':>8}{'rollout s':>10}{'train s':>9}{'compute s':>10}"
@@ -313,7 +328,7 @@ def main():
         "slo_attainment": rounded(rk and min(r["slo_attainment"] for r in results[rk]), 4),
         "lost": sum(r["lost"] for r in everything), "duplicated": sum(r["duplicated"] for r in everything),
         "steps": steps, "elastic_steps": args.elastic_steps if ek else None, "serving_rate": args.rate,
-        "serving_load": round(load, 3), "ttft_ms": args.ttft_ms, "tpot_ms": args.tpot_ms, "quick": args.quick,
+        "serving_capacity": rounded(args.capacity, 1), "serving_load": round(load, 3), "ttft_ms": args.ttft_ms, "tpot_ms": args.tpot_ms, "quick": args.quick,
         "fixed_run": fk, "elastic_run": ek, "rose_run": rk, "ideal_run": ik,
         "speedup_per_run": {f"{k} #{i + 1}": round(r["traj_s"] / f_traj, 3)
                             for k, rs in results.items() for i, r in enumerate(rs)} if f_traj else None,

@@ -29,8 +29,9 @@ from rose.sim.platform import build
 from rose.sim.serving import RequestShape
 
 # elastic_e2e's default pipeline (guess: 16 groups of 8, up to 5 turns of a few tokens) and setups, no tail
-# migration; `calibrate` sets the rollout steps beside a serving step to those of the runtime the runs were
-# made with, and the TPOT margin to the one the host's serving worker ended with (both from the profile).
+# migration; `calibrate` sets the serving rate to the one the measured rose runs served (33 req/s where they
+# do not say), the rollout steps beside a serving step to those of the runtime the runs were made with, and
+# the TPOT margin to the one the host's serving worker ended with (both from the profile).
 GUESS = SimConfig(name="elastic_e2e", platform="cpu", job_gpus=1, serving_gpus=1, steps=12, prompts=16,
                   group_size=8, turns_min=1, turns_max=5, tokens_per_turn=3.0, length_sigma=0.0, max_tokens=20,
                   prompt_tokens=10, env_latency_s=0.0, trace="azure", serving_rps=33.0, serving_token_scale=0.03,
@@ -119,6 +120,11 @@ def calibrate(runs_path: str, base: SimConfig = GUESS) -> dict:
         # The simulated controller learns its margin from lognormal step noise; this host's periods swing
         # more (other processes, the interpreter), so the margin its serving worker learnt is used.
         base = replace(base, slo_margin=margin, slo_learn_margin=False)
+    rates = {r["rate"] for rs in runs.values() for r in rs if "rate" in r}
+    if len(rates) > 1:
+        raise ValueError(f"{runs_path}: rose runs at different serving rates {sorted(rates)}; calibrate one set")
+    if rates:  # elastic_e2e's runs say the rate they served (a share of the capacity measured with them)
+        base = replace(base, serving_rps=float(rates.pop()))
     fixed = runs.get(("fixed", 0))
     if not fixed:
         raise ValueError(f"{runs_path}: no fixed synchronous run to fit the per-turn overhead on")

@@ -55,3 +55,20 @@ def test_more_coserving_overhead_harvests_less(monkeypatch):
     assert harvest(GUESS, 0.0) > harvest(GUESS, 5.0) > harvest(GUESS, 20.0)
     target = harvest(GUESS, 3.0)  # a harvest the profile can reach: the fit finds the overhead that gives it
     assert fit_coserve_overhead(GUESS, target) == pytest.approx(3.0, abs=0.05)
+
+
+def test_calibration_serves_the_rate_its_runs_served(tmp_path, monkeypatch):
+    import rose.sim.calibrate as cal
+
+    rows = [line for line in open(RUNS) if line.strip()]
+    seen = []
+    real = cal._sim
+    monkeypatch.setattr(cal, "_sim", lambda cfg: (seen.append(cfg.serving_rps), real(cfg))[1])
+    halved = tmp_path / "runs.jsonl"
+    halved.write_text("".join(line.replace('"rate": 33.0', '"rate": 16.5') for line in rows))
+    calibrate(str(halved))
+    assert set(seen) == {16.5}  # every simulated setup, not GUESS's 33
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text(halved.read_text() + rows[[i for i, r in enumerate(rows) if '"rate": 33.0' in r][0]])
+    with pytest.raises(ValueError, match="different serving rates"):
+        calibrate(str(mixed))
