@@ -104,11 +104,13 @@ def harvest(base: SimConfig, overhead_ms: float, rate: float = COSERVE_RATE) -> 
 
 
 def fit_coserve_overhead(base: SimConfig, target: float = COSERVE_HARVEST, rate: float = COSERVE_RATE) -> float:
+    """The overhead (ms) whose simulated harvest is nearest `target`. Harvest steps down with the overhead
+    (the offer is whole sequences), so the bisection ends at a step: the nearer of its two sides."""
     lo, hi = 0.0, 100.0
     for _ in range(30):
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if harvest(base, mid, rate) > target else (lo, mid)
-    return (lo + hi) / 2
+    return min((lo, hi), key=lambda x: abs(harvest(base, x, rate) - target))
 
 
 def calibrate(runs_path: str, base: SimConfig = GUESS) -> dict:

@@ -33,7 +33,8 @@ def test_calibration_reproduces_what_it_fits_and_reports_every_measured_mode():
     assert set(rows) >= {("fixed", "sync"), ("rose", "async"), ("ideal", "async"), ("elastic", "async")}
     fixed = rows[("fixed", "sync")]
     assert fixed["sim_rollout_s"] == pytest.approx(fixed["measured_rollout_s"], rel=0.01)  # the fitted figure
-    assert res["coserve_harvest"] == pytest.approx(res["measured_harvest"], abs=0.002)
+    # the nearest harvest the fit reaches (it steps with whole sequences offered), reported to 3 decimals
+    assert res["coserve_harvest"] == pytest.approx(res["measured_harvest"], abs=0.0025)
     ideal = rows[("ideal", "async")]
     if load_cpu_profile().contention > 0:  # the trainer slowed by rollouts on the other core
         assert ideal["sim_traj_s"] < ideal["sim_no_contention_traj_s"]
@@ -58,17 +59,21 @@ def test_more_coserving_overhead_harvests_less(monkeypatch):
 
 
 def test_calibration_serves_the_rate_its_runs_served(tmp_path, monkeypatch):
+    import json
+
     import rose.sim.calibrate as cal
 
-    rows = [line for line in open(RUNS) if line.strip()]
+    rows = [json.loads(line) for line in open(RUNS) if line.strip()]
+    served = [r for r in rows if "rate" in r]
+    assert served  # rose's runs say their rate
     seen = []
     real = cal._sim
     monkeypatch.setattr(cal, "_sim", lambda cfg: (seen.append(cfg.serving_rps), real(cfg))[1])
     halved = tmp_path / "runs.jsonl"
-    halved.write_text("".join(line.replace('"rate": 33.0', '"rate": 16.5') for line in rows))
+    halved.write_text("".join(json.dumps({**r, "rate": 16.5} if "rate" in r else r) + "\n" for r in rows))
     calibrate(str(halved))
-    assert set(seen) == {16.5}  # every simulated setup, not GUESS's 33
+    assert set(seen) == {16.5}  # every simulated setup, not the default config's rate
     mixed = tmp_path / "mixed.jsonl"
-    mixed.write_text(halved.read_text() + rows[[i for i, r in enumerate(rows) if '"rate": 33.0' in r][0]])
+    mixed.write_text(halved.read_text() + json.dumps({**served[0], "rate": 33.0}) + "\n")
     with pytest.raises(ValueError, match="different serving rates"):
         calibrate(str(mixed))
