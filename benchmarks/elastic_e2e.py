@@ -25,7 +25,8 @@ so they compare: by default 15 % of the serving worker's capacity, measured once
 start, before the RL job attaches (closed-loop clients, `traffic.capacity`, against the idle serving
 worker, 8 s). A constant measured on one host (220 req/s, 2026-12-01) put 33 req/s on a later host where
 the same measurement gave 108 req/s (coserve_slo, 2026-12-02) and serving steps took 0.40-0.45 of the
-serving worker's time in rose's runs. Pass --rate and --capacity to hold both across invocations (an A/B of two commits).
+serving worker's time in rose's runs. Pass --rate and --capacity to hold both across invocations (an
+A/B of two commits).
 `serving_load` = rate / capacity, and
 
     fraction_of_ideal = (rose - fixed) / ((ideal - fixed) * (1 - serving_load))
@@ -257,8 +258,8 @@ def main():
             ["fixed sync", "rose async", "ideal async", "fixed async", "rose sync", "ideal sync", "elastic async"])
     order = [k for k in half + half[::-1] if modes[k][0] in args.policies.split(",")]
     rate = f"{args.rate:.1f} req/s" if args.rate else f"{LOAD:.0%} of its capacity, measured at the first rose run"
-    print(f"serving: {rate}, the same in every rose run; SLO TTFT {args.ttft_ms:.0f} ms / TPOT {args.tpot_ms:.0f} ms; run order: {', '.join(order)}",
-          file=sys.stderr, flush=True)
+    print(f"serving: {rate}, the same in every rose run; SLO TTFT {args.ttft_ms:.0f} ms / TPOT "
+          f"{args.tpot_ms:.0f} ms; run order: {', '.join(order)}", file=sys.stderr, flush=True)
     results: dict[str, list[dict]] = {}
     for label in order:
         name, cfg, staleness, spare, n = modes[label]
@@ -328,7 +329,8 @@ def main():
         "slo_attainment": rounded(rk and min(r["slo_attainment"] for r in results[rk]), 4),
         "lost": sum(r["lost"] for r in everything), "duplicated": sum(r["duplicated"] for r in everything),
         "steps": steps, "elastic_steps": args.elastic_steps if ek else None, "serving_rate": args.rate,
-        "serving_capacity": rounded(args.capacity, 1), "serving_load": round(load, 3), "ttft_ms": args.ttft_ms, "tpot_ms": args.tpot_ms, "quick": args.quick,
+        "serving_capacity": rounded(args.capacity, 1), "serving_load": round(load, 3), "ttft_ms": args.ttft_ms,
+        "tpot_ms": args.tpot_ms, "quick": args.quick,
         "fixed_run": fk, "elastic_run": ek, "rose_run": rk, "ideal_run": ik,
         "speedup_per_run": {f"{k} #{i + 1}": round(r["traj_s"] / f_traj, 3)
                             for k, rs in results.items() for i, r in enumerate(rs)} if f_traj else None,

@@ -69,11 +69,11 @@ def test_calibration_serves_the_rate_its_runs_served(tmp_path, monkeypatch):
     seen = []
     real = cal._sim
     monkeypatch.setattr(cal, "_sim", lambda cfg: (seen.append(cfg.serving_rps), real(cfg))[1])
-    halved = tmp_path / "runs.jsonl"
-    halved.write_text("".join(json.dumps({**r, "rate": 16.5} if "rate" in r else r) + "\n" for r in rows))
-    calibrate(str(halved))
+    moved = tmp_path / "runs.jsonl"
+    moved.write_text("".join(json.dumps({**r, "rate": 16.5} if "rate" in r else r) + "\n" for r in rows))
+    calibrate(str(moved))
     assert set(seen) == {16.5}  # every simulated setup, not the default config's rate
     mixed = tmp_path / "mixed.jsonl"
-    mixed.write_text(halved.read_text() + json.dumps({**served[0], "rate": 33.0}) + "\n")
+    mixed.write_text(moved.read_text() + json.dumps({**served[0], "rate": 33.0}) + "\n")
     with pytest.raises(ValueError, match="different serving rates"):
         calibrate(str(mixed))
