@@ -24,7 +24,7 @@ The serving rate is fixed for every rose run of an invocation (not a fraction of
 so they compare: by default 15 % of the serving worker's capacity, measured once, at the first rose run's
 start, before the RL job attaches (closed-loop clients, `traffic.capacity`, against the idle serving
 worker, 8 s). A constant measured on one host (220 req/s, 2026-12-01) put 33 req/s on a later host where
-the same measurement gave 108 req/s (coserve_slo, 2026-12-02) and serving steps took 0.40-0.45 of the
+the same measurement gave 108 req/s (coserve_slo, 2026-12-02) and serving steps took 0.29-0.65 of the
 serving worker's time in rose's runs. Pass --rate and --capacity to hold both across invocations (an
 A/B of two commits).
 `serving_load` = rate / capacity, and
