@@ -96,3 +96,16 @@ def test_a_serving_worker_over_its_slots_sheds_to_room_elsewhere_and_its_continu
     plugin.log_event("rose-capacity", {"worker": "tcp://s", "role": "serving", "slots": 4, "weight_version": 0})
     # the dedicated worker has room: the task goes there, and only a yield to training keeps affinity
     assert sent == [("tcp://s", {"op": "rose-shed", "keys": ["rose-rollout-b"], "migrate": True})]
+
+
+def test_a_parked_rollout_keeps_its_width_and_version_when_a_later_graph_names_it_as_a_dependency():
+    plugin = _plugin_with_workers([])
+    key = "rose-rollout-guess-rollout-s2-g7"
+    plugin.scheduler.tasks[key] = SimpleNamespace(state="no-worker", worker_restrictions=None, loose_restrictions=True)
+    plugin.update_graph(plugin.scheduler, tasks=[key], annotations={
+        "rose-role": {key: "rollout"}, "rose-width": {key: 8}, "weight_version": {key: 2}, "rose-group": {key: "g/2"}})
+    # the step's finish tasks come as a second graph that names the rollout (no annotations for it)
+    plugin.update_graph(plugin.scheduler, tasks=[key, "guess-rollout-s2-g7-done"], annotations={})
+    t = plugin.book.tasks[key]
+    assert (t.width, t.min_version, t.group) == (8, 2, "g/2")
+    assert plugin.errors == 0

@@ -97,7 +97,10 @@ class RoseScheduler(SchedulerPlugin):
         parked = []
         for key in tasks:
             mine = {name: by_key[key] for name, by_key in annotations.items() if key in by_key}
-            if not is_rollout_task(key, mine):
+            # A later graph names tasks it depends on among its own, without their annotations: a task the
+            # book already holds keeps its record (re-parked from such a mention it would take one slot, at
+            # weight version 0, where it runs a whole group at the version its step needs).
+            if key in self.book.tasks or not is_rollout_task(key, mine):
                 continue
             ts = scheduler.tasks.get(key)
             if ts is None or ts.state in ("memory", "erred", "processing"):
