@@ -21,6 +21,7 @@ from concurrent.futures import Future
 from typing import Callable
 
 from rose.errors import EngineError
+from rose.runtime.coserve.backlog import OfferBound
 from rose.runtime.coserve.rollout_request import RolloutRequest as _Rollout
 from rose.runtime.coserve.serving_request import ServingRequest
 from rose.runtime.coserve.slo import RolloutView, ServingView, SloController
@@ -65,6 +66,11 @@ class CoServingExecutor(CommandThread):
         # Serving requests decoding or about to (a peak halving in ~35 iterations): what the rollout capacity
         # offered leaves room for. Not prefill tokens: the running batch waits a prefill out (rollout_waits).
         self._serving_peak = 0.0
+        # The trajectories this device keeps moving, learnt while admissions bind (backlog.py): the offer's
+        # other bound. `in_flight`: what the placement counts here (the host sets it; alone, the
+        # executor counts its own requests).
+        self.offer_bound = OfferBound()
+        self.in_flight: Callable[[], int] = lambda: len(self._running) + len(self._waiting)
         # Serving requests handed in (any thread) and taken into the serving engine (loop thread): a
         # difference is a request waiting in the command queue, which ends extra rollout steps
         self._serves_sent = self._serves_applied = 0
@@ -101,7 +107,7 @@ class CoServingExecutor(CommandThread):
         slots it reports to the scheduler; 0 without a rollout engine or while it sleeps)."""
         if self.rollout is None or self._asleep:
             return 0
-        return self.controller.rollout_capacity(int(self._serving_peak + 0.999))
+        return self.offer_bound.bound(self.controller.rollout_capacity(int(self._serving_peak + 0.999)))
 
     def load_weights(self, named_tensors: dict, version: int) -> Future:
         """Swap the rollout engine's weights (never the serving engine's) between iterations, once no
@@ -194,6 +200,8 @@ class CoServingExecutor(CommandThread):
                 if self._admit(r):
                     admitted, context = admitted + 1, context + len(r.context)
             self._waiting = [r for r in self._waiting if r.request_id not in admit]
+        if (self._running or self._waiting) and not self.swaps.pending:
+            self.offer_bound.observe(self.in_flight(), len(self._waiting), admitted)
         self.stats["iterations"] += 1
         serving_ms = rollout_ms = 0.0
         predicted = plan.serving_ms + self.controller.overhead_ms  # this iteration's period, as planned (ms)

@@ -106,6 +106,7 @@ class ServingHost(Host):
         self.executor = CoServingExecutor(
             lambda: VllmEngine(cfg.model_dir, cfg.engine, self.max_model_len), None,
             SloController(cfg.slo, cfg.caps), cores=cores)
+        self.executor.in_flight = lambda: self.in_flight  # its offer's bound counts what the placement counts
         self.front = ServingFrontend(self.executor, AutoTokenizer.from_pretrained(cfg.model_dir),
                                      os.path.basename(cfg.model_dir.rstrip("/")), self.max_model_len, cfg.slo)
         self.rollout_key = None  # (model_dir, max_model_len, engine config) of the attached rollout engine

@@ -16,6 +16,9 @@ from rose.runtime.protocol import ModelSpec
 class Host:
     engine: RolloutEngine | None = None  # rollout hosts, once prepared: where rollout turns and synced weights go
     tokenizer = None  # rollout hosts, once prepared: the run's tokenizer (transformers)
+    # Trajectories of the rollout tasks running here (what the placement counts as this worker's used
+    # slots); the worker plugin keeps it
+    in_flight: int = 0
 
     def __init__(self, address: str, weights, cores: tuple[int, ...] | None = None):
         self.address = address  # the worker's

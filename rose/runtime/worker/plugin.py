@@ -165,12 +165,14 @@ class RoseWorker(WorkerPlugin):
     def rollout_started(self, key: str | None, width: int) -> None:
         if key is not None:
             self.rollouts[key] = width
+            self.host.in_flight = sum(self.rollouts.values())
 
     def rollout_ended(self, key: str | None) -> None:
         if key is not None:
             self.rollouts.pop(key, None)
             self.shed.discard(key)
             self.migrating.discard(key)
+            self.host.in_flight = sum(self.rollouts.values())
 
     # ---------------------------------------------------------------- built once per run
     def prepare(self, spec: ModelSpec) -> WorkerReport:
