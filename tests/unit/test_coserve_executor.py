@@ -339,3 +339,27 @@ def test_extra_rollout_steps_stop_when_the_measured_period_has_used_the_budget()
         assert ex.stats["iterations"] >= 6 and ex.stats["steps_cut"] >= 5
     finally:
         ex.close()
+
+
+class OneAdmissionManySteps(SloController):
+    """Admits one waiting request a plan and plans four rollout steps in a long period."""
+
+    def __init__(self):
+        super().__init__(SloConfig(ttft_ms=1000, tpot_ms=1000))
+
+    def plan(self, serving, rollout):
+        admit = tuple(r.request_id for r in rollout.waiting[:1])
+        return IterationPlan(serving.decoding, 0.0, True, rollout_admit=admit, budget_ms=1000.0,
+                             rollout_tokens=len(rollout.running) + len(admit), rollout_steps=4)
+
+
+def test_waiting_rollouts_join_between_the_extra_steps_of_an_iteration():
+    ex = CoServingExecutor(FakeEngine(), FakeEngine(), OneAdmissionManySteps())
+    try:
+        futs = [ex.generate([1, 2, 3], SamplingSpec(max_tokens=5), request_id=f"r{i}") for i in range(8)]
+        for f in futs:
+            g = f.result(timeout=10)
+            assert len(g.token_ids) == len(g.weight_versions) == 5  # nothing lost or doubled
+        assert ex.stats["admitted_between"] > 0
+    finally:
+        ex.close()

@@ -288,3 +288,22 @@ def test_costly_admissions_do_not_evict_a_decode_batch_that_fits():
     assert plan.rollout_step and not plan.rollout_preempt
     assert plan.rollout_admit == ("w0", "w1")  # 4 + 0.2 * 18 + 2 * 5 = 17.6; a third: 22.8 > 20.5
     assert plan.rollout_ms == pytest.approx(17.6)
+
+
+def test_waiting_sequences_join_between_an_iterations_steps_as_the_time_left_holds_them():
+    class Fixed(LatencyModel):
+        def observe(self, tokens, ms, admitted=0, context=0):
+            pass
+
+    # a step of n sequences admitting k of 20 context tokens each: 1 + 0.5 n + 1 k + 0.05 * 20 k ms
+    model = Fixed(1.0, 0.5, per_admit_ms=1.0, per_context_ms=0.05)
+    running = tuple(RolloutSeq(f"r{i}", 30) for i in range(4))
+    waiting = tuple(RolloutSeq(f"w{i}", 20) for i in range(10))
+    ctl = SloController(SloConfig(ttft_ms=300, tpot_ms=30), rollout_model=model)
+    view = RolloutView(running, waiting)
+    assert ctl.admit_between(view, 15.5) == ("w0", "w1", "w2", "w3", "w4")  # 3 + 2.5 k <= 15.5
+    assert ctl.admit_between(view, 4.0) == ()  # not even one fits
+    capped = SloController(SloConfig(ttft_ms=300, tpot_ms=30), RolloutCaps(max_seqs=6), rollout_model=model)
+    assert capped.admit_between(view, 100.0) == ("w0", "w1")  # the caps hold as in a plan
+    assert ctl.admit_between(RolloutView(running, waiting, kv_available_tokens=120 + 45), 100.0) == ("w0", "w1")
+    assert ctl.admit_between(RolloutView(running, waiting, asleep=True), 100.0) == ()

@@ -59,9 +59,10 @@ class CoServingExecutor(CommandThread):
         self._last_serving_step = None  # the last iteration with a serving step: (start, its ms, rollout ms, predicted)
         # Counters (loop thread). steps_cut: iterations whose extra rollout steps the measured period cut short.
         # *_wall_ms - *_cpu_ms: time the core gave other threads or processes mid-step (contention).
+        # admitted_between: rollout requests admitted before an iteration's extra rollout steps.
         self.stats = dict.fromkeys(("iterations", "preemptions", "rollout_tokens", "serving_tokens", "rollout_steps",
-                                    "load_slices", "steps_cut", "rollout_wall_ms", "rollout_cpu_ms", "serving_wall_ms",
-                                    "serving_cpu_ms"), 0)
+                                    "load_slices", "steps_cut", "admitted_between", "rollout_wall_ms",
+                                    "rollout_cpu_ms", "serving_wall_ms", "serving_cpu_ms"), 0)
         self.last_plan = None
         # Serving requests decoding or about to (a peak halving in ~35 iterations): what the rollout capacity
         # offered leaves room for. Not prefill tokens: the running batch waits a prefill out (rollout_waits).
@@ -220,16 +221,29 @@ class CoServingExecutor(CommandThread):
             # More decode steps where the plan found them room; a serving request arriving ends them. Each is
             # checked against the period's time so far, as measured: a step slower than predicted takes its
             # overrun out of the steps after it, not out of the TPOT, so errors do not add up over many steps.
+            # Waiting sequences join before each step where the time left holds them (never after a plan
+            # that preempted: what it freed is serving's).
             limit_ms = plan.budget_ms + plan.serving_ms  # the period's budget, from the serving step's start
+            admit_more = self._waiting and not plan.rollout_preempt
             for _ in range(plan.rollout_steps - 1):
                 if not self._running or self._serving_waiting():
                     break
-                step_ms = self.controller.rollout_model.predict(len(self._running))
-                if (time.perf_counter() - t_start) * 1e3 + step_ms > limit_ms:
+                left_ms = limit_ms - (time.perf_counter() - t_start) * 1e3
+                admitted = context = 0
+                if admit_more and self._waiting:
+                    view = rollout_view(self.rollout, self._running, self._waiting, self._asleep, self._waited)
+                    ids = set(self.controller.admit_between(view, left_ms))
+                    for r in [r for r in self._waiting if r.request_id in ids]:
+                        if self._admit(r):
+                            admitted, context = admitted + 1, context + len(r.context)
+                    self._waiting = [r for r in self._waiting if r.request_id not in ids]
+                    self.stats["admitted_between"] += admitted
+                step_ms = self.controller.rollout_model.predict(len(self._running), admitted, context)
+                if step_ms > left_ms:
                     self.stats["steps_cut"] += 1
                     break
                 predicted += step_ms
-                rollout_ms += self._step_rollout(len(self._running))
+                rollout_ms += self._step_rollout(len(self._running), admitted, context)
         self._waited = 0 if rollout_ms or not self._running else self._waited + 1
         # The period a decoding serving request sees: from one serving step to the next.
         if serving_ms and self._last_serving_step is not None:

@@ -243,20 +243,39 @@ class SloController:
         if not running and not rollout.waiting:
             return done(False, "no rollout work")
         admit: list[str] = []
-        held = sum(r.kv_tokens for r in running)
         context = 0  # admitted sequences' context tokens
         if not pressure:  # never admit while serving is short of memory (what was freed is serving's)
-            for w in rollout.waiting:
-                # An admitted sequence's first step computes its whole context (a preempted one's
-                # prefix may be cached; counting it all errs on the side of serving) and costs the
-                # engine a new request's setup.
-                if (len(running) + 1 > self.caps.max_seqs or held + w.kv_tokens > self.caps.max_kv_tokens
-                        or held + w.kv_tokens > rollout.kv_available_tokens
-                        or self.rollout_model.predict(len(running) + 1, len(admit) + 1, context + w.kv_tokens)
-                        > budget):
-                    break
-                running.append(w)
-                held += w.kv_tokens
-                context += w.kv_tokens
-                admit.append(w.request_id)
+            new = self._admissions(running, rollout.waiting, rollout.kv_available_tokens, budget)
+            running += new
+            admit, context = [w.request_id for w in new], sum(w.kv_tokens for w in new)
         return done(True, "" if running else "no rollout sequence fits", admit, len(running) + context, context)
+
+    def _admissions(self, running, waiting, kv_available: int, budget_ms: float) -> list[RolloutSeq]:
+        """The waiting sequences, in order, that join `running` in a step predicted within `budget_ms`
+        and within the caps. An admitted sequence's first step computes its whole context (a preempted
+        one's prefix may be cached; counting it all errs on the side of serving) and costs the engine a
+        new request's setup."""
+        held = sum(r.kv_tokens for r in running)
+        out: list[RolloutSeq] = []
+        context = 0
+        for w in waiting:
+            n = len(running) + len(out) + 1
+            if (n > self.caps.max_seqs or held + w.kv_tokens > self.caps.max_kv_tokens
+                    or held + w.kv_tokens > kv_available
+                    or self.rollout_model.predict(n, len(out) + 1, context + w.kv_tokens) > budget_ms):
+                break
+            out.append(w)
+            held += w.kv_tokens
+            context += w.kv_tokens
+        return out
+
+    def admit_between(self, rollout: RolloutView, time_left_ms: float) -> tuple[str, ...]:
+        """Before one more rollout step of an iteration (one its plan allowed beside the serving step):
+        the waiting sequences that join the running batch with the step still predicted inside the
+        `time_left_ms` the period has left. Each turn of a multi-turn rollout is a new request, so a
+        device whose plans admit only in their first step is bound by admissions while its extra steps
+        decode an ever smaller batch."""
+        if not rollout.waiting or rollout.asleep:
+            return ()
+        return tuple(w.request_id for w in self._admissions(list(rollout.running), rollout.waiting,
+                                                             rollout.kv_available_tokens, time_left_ms))
