@@ -143,9 +143,9 @@ def run_policy(name: str, pipeline, cluster_cfg, steps: int, args, staleness: in
                 print(f"serving worker's capacity {args.capacity:.1f} req/s (closed loop, {CAPACITY_S:.0f} s); "
                       f"serving {args.rate:.1f} req/s in every rose run", file=sys.stderr, flush=True)
             # The users' client runs beside the serving worker, off the job's core (traffic_process.py).
+            spare = set(cluster_cfg.cores or ()) - set(cluster_cfg.trainer_cores or ())
             load = TrafficProcess(url, args.trace, args.rate, args.ttft_ms, args.tpot_ms, args.seed,
-                                  cores=tuple(sorted(set(cluster_cfg.cores or ()) - set(cluster_cfg.trainer_cores or ())))
-                                  or None)
+                                  cores=tuple(sorted(spare)) or None)
         t0 = time.monotonic()
         report = rose.run(replace(pipeline, cluster=cluster_cfg, staleness=staleness), cluster=client, steps=steps,
                           progress=False,

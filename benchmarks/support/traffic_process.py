@@ -40,7 +40,8 @@ class TrafficProcess:
                  cores: tuple[int, ...] | None = None):
         ctx = mp.get_context("spawn")
         self._stop, self._out = ctx.Event(), ctx.Queue()
-        self.proc = ctx.Process(target=_play, args=(url, trace, rate, ttft_ms, tpot_ms, seed, self._stop, self._out, cores),
+        args = (url, trace, rate, ttft_ms, tpot_ms, seed, self._stop, self._out, cores)
+        self.proc = ctx.Process(target=_play, args=args,
                                 daemon=True, name="serving-traffic")
         self.proc.start()
         self.scale = self._get("ready", 120)  # the trace's time scale

@@ -23,7 +23,7 @@ from typing import Callable
 from rose.errors import EngineError
 from rose.runtime.coserve.backlog import OfferBound
 from rose.runtime.coserve.rollout_request import RolloutRequest as _Rollout
-from rose.runtime.coserve.serving_request import ServingRequest
+from rose.runtime.coserve.serving_request import ServingRequest, deliver
 from rose.runtime.coserve.slo import RolloutView, ServingView, SloController
 from rose.runtime.coserve.swaps import RolloutSwaps
 from rose.runtime.coserve.views import rollout_view, serving_view
@@ -57,9 +57,8 @@ class CoServingExecutor(CommandThread):
         self._asleep = False  # the rollout engine gave its device memory back (GPU co-serving)
         self._waited = 0  # iterations in a row with rollout sequences running but not stepped
         self._last_serving_step = None  # the last iteration with a serving step: (start, its ms, rollout ms, predicted)
-        # Counters (loop thread). steps_cut: iterations whose extra rollout steps the measured period cut short.
-        # *_wall_ms - *_cpu_ms: time the core gave other threads or processes mid-step (contention).
-        # admitted_between: rollout requests admitted before an iteration's extra rollout steps.
+        # Counters (loop thread). steps_cut: iterations whose extra rollout steps the measured period cut short;
+        # admitted_between: requests admitted before extra steps; *_wall_ms - *_cpu_ms: contention mid-step.
         self.stats = dict.fromkeys(("iterations", "preemptions", "rollout_tokens", "serving_tokens", "rollout_steps",
                                     "load_slices", "steps_cut", "admitted_between", "rollout_wall_ms",
                                     "rollout_cpu_ms", "serving_wall_ms", "serving_cpu_ms"), 0)
@@ -67,9 +66,8 @@ class CoServingExecutor(CommandThread):
         # Serving requests decoding or about to (a peak halving in ~35 iterations): what the rollout capacity
         # offered leaves room for. Not prefill tokens: the running batch waits a prefill out (rollout_waits).
         self._serving_peak = 0.0
-        # The trajectories this device keeps moving, learnt while admissions bind (backlog.py): the offer's
-        # other bound. `in_flight`: what the placement counts here (the host sets it; alone, the
-        # executor counts its own requests).
+        # The offer's other bound: the trajectories this device keeps moving (backlog.py). `in_flight`: what
+        # the placement counts here (the host sets it; alone, the executor counts its own requests).
         self.offer_bound = OfferBound()
         self.in_flight: Callable[[], int] = lambda: len(self._running) + len(self._waiting)
         # Serving requests handed in (any thread) and taken into the serving engine (loop thread): a
@@ -194,13 +192,7 @@ class CoServingExecutor(CommandThread):
         elif plan.rollout_sleep is False and self._asleep:
             self.rollout.wake_up()
             self._asleep = False
-        admitted = context = 0  # requests this iteration puts in the rollout engine, their context tokens
-        if plan.rollout_admit:
-            admit = set(plan.rollout_admit)
-            for r in [r for r in self._waiting if r.request_id in admit]:
-                if self._admit(r):
-                    admitted, context = admitted + 1, context + len(r.context)
-            self._waiting = [r for r in self._waiting if r.request_id not in admit]
+        admitted, context = self._admit_ids(plan.rollout_admit)  # requests put in the engine, their context
         if (self._running or self._waiting) and not self.swaps.pending:
             self.offer_bound.observe(self.in_flight(), len(self._waiting), admitted)
         self.stats["iterations"] += 1
@@ -221,8 +213,7 @@ class CoServingExecutor(CommandThread):
             # More decode steps where the plan found them room; a serving request arriving ends them. Each is
             # checked against the period's time so far, as measured: a step slower than predicted takes its
             # overrun out of the steps after it, not out of the TPOT, so errors do not add up over many steps.
-            # Waiting sequences join before each step where the time left holds them (never after a plan
-            # that preempted: what it freed is serving's).
+            # Waiting sequences join where the time left holds them (not after a preempting plan: that is serving's).
             limit_ms = plan.budget_ms + plan.serving_ms  # the period's budget, from the serving step's start
             admit_more = self._waiting and not plan.rollout_preempt
             for _ in range(plan.rollout_steps - 1):
@@ -232,11 +223,7 @@ class CoServingExecutor(CommandThread):
                 admitted = context = 0
                 if admit_more and self._waiting:
                     view = rollout_view(self.rollout, self._running, self._waiting, self._asleep, self._waited)
-                    ids = set(self.controller.admit_between(view, left_ms))
-                    for r in [r for r in self._waiting if r.request_id in ids]:
-                        if self._admit(r):
-                            admitted, context = admitted + 1, context + len(r.context)
-                    self._waiting = [r for r in self._waiting if r.request_id not in ids]
+                    admitted, context = self._admit_ids(self.controller.admit_between(view, left_ms))
                     self.stats["admitted_between"] += admitted
                 step_ms = self.controller.rollout_model.predict(len(self._running), admitted, context)
                 if step_ms > left_ms:
@@ -255,6 +242,13 @@ class CoServingExecutor(CommandThread):
 
     def _serving_waiting(self) -> bool:
         return self._serves_sent != self._serves_applied or any(q.t_first is None for q in self._serving_reqs.values())
+
+    def _admit_ids(self, ids) -> tuple[int, int]:
+        """Put the waiting requests `ids` in the rollout engine: (how many went in, their context tokens)."""
+        ids = set(ids)
+        went = [r for r in self._waiting if r.request_id in ids and self._admit(r)]
+        self._waiting = [r for r in self._waiting if r.request_id not in ids]
+        return len(went), sum(len(r.context) for r in went)
 
     def _admit(self, r: _Rollout) -> bool:
         """Put `r` in the rollout engine; False where it finished or failed instead."""
@@ -285,18 +279,7 @@ class CoServingExecutor(CommandThread):
             return (time.perf_counter() - t0) * 1e3
         t1 = self._timed("serving", t0, c0)
         self.controller.serving_model.observe(planned_tokens, (t1 - t0) * 1e3, admitted, prefill)
-        for o in outs:
-            req = self._serving_reqs.get(o.request_id)
-            if req is None:
-                continue
-            if o.token_ids and req.t_first is None:
-                req.t_first = t1
-            req.tokens += len(o.token_ids)
-            self.stats["serving_tokens"] += len(o.token_ids)
-            if o.finished:
-                req.t_done = t1
-                del self._serving_reqs[o.request_id]
-            req.emit(list(o.token_ids), o.finished, o.error or o.finish_reason)
+        self.stats["serving_tokens"] += deliver(self._serving_reqs, outs, t1)
         return (t1 - t0) * 1e3
 
     def _timed(self, kind: str, t0: float, c0: float) -> float:

@@ -36,3 +36,22 @@ class ServingRequest:
             self.on_delta(token_ids, finished, reason)
         else:
             self.deltas.put((token_ids, finished, reason))
+
+
+def deliver(requests: dict[str, ServingRequest], outputs, now: float) -> int:
+    """Route one serving engine step's outputs, seen at `now` (perf_counter seconds), to their requests
+    (by engine request id); finished requests leave `requests`. Returns the tokens delivered."""
+    tokens = 0
+    for o in outputs:
+        req = requests.get(o.request_id)
+        if req is None:
+            continue
+        if o.token_ids and req.t_first is None:
+            req.t_first = now
+        req.tokens += len(o.token_ids)
+        tokens += len(o.token_ids)
+        if o.finished:
+            req.t_done = now
+            del requests[o.request_id]
+        req.emit(list(o.token_ids), o.finished, o.error or o.finish_reason)
+    return tokens
