@@ -23,8 +23,8 @@ from typing import Callable
 from rose.errors import EngineError
 from rose.runtime.coserve.backlog import OfferBound
 from rose.runtime.coserve.rollout_request import RolloutRequest as _Rollout
-from rose.runtime.coserve.serving_request import ServingRequest, deliver
-from rose.runtime.coserve.slo import RolloutView, ServingView, SloController
+from rose.runtime.coserve.serving_request import ServingRequest, deliver, fail_all
+from rose.runtime.coserve.slo import SloController
 from rose.runtime.coserve.swaps import RolloutSwaps
 from rose.runtime.coserve.views import rollout_view, serving_view
 from rose.runtime.engine.base import Engine, SamplingSpec
@@ -167,13 +167,9 @@ class CoServingExecutor(CommandThread):
                 self.serving.abort([payload])
         return True  # "wake": nothing to apply; the thread looks at its work again
 
-    def _views(self, now: float) -> tuple[ServingView, RolloutView]:
-        return (serving_view(self.serving, self._serving_reqs.values(), now),
-                rollout_view(self.rollout, self._running, self._waiting, self._asleep, self._waited))
-
     def _work(self) -> None:  # one iteration
-        now = time.perf_counter()
-        serving, rollout = self._views(now)
+        serving = serving_view(self.serving, self._serving_reqs.values(), time.perf_counter())
+        rollout = rollout_view(self.rollout, self._running, self._waiting, self._asleep, self._waited)
         plan = self.controller.plan(serving, rollout)
         self.last_plan = plan
         decodes = serving.decoding + len(serving.waiting_prompt_tokens)
@@ -273,9 +269,7 @@ class CoServingExecutor(CommandThread):
         except Exception as e:  # the requests in it fail with the reason; the executor serves on
             logger.exception("serving engine step failed; failing %d serving requests", len(self._serving_reqs))
             self.serving.abort(list(self._serving_reqs))
-            for req in self._serving_reqs.values():
-                req.emit([], True, f"error: serving engine step failed: {e}")
-            self._serving_reqs.clear()
+            fail_all(self._serving_reqs, f"serving engine step failed: {e}")
             return (time.perf_counter() - t0) * 1e3
         t1 = self._timed("serving", t0, c0)
         self.controller.serving_model.observe(planned_tokens, (t1 - t0) * 1e3, admitted, prefill)

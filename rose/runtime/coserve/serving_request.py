@@ -55,3 +55,10 @@ def deliver(requests: dict[str, ServingRequest], outputs, now: float) -> int:
             del requests[o.request_id]
         req.emit(list(o.token_ids), o.finished, o.error or o.finish_reason)
     return tokens
+
+
+def fail_all(requests: dict[str, ServingRequest], reason: str) -> None:
+    """End every request in `requests` with an error naming `reason`; `requests` is left empty."""
+    for req in requests.values():
+        req.emit([], True, f"error: {reason}")
+    requests.clear()
