@@ -4,8 +4,8 @@ The client stands for users on other machines. On this host every core is busy w
 measured: a client thread inside the benchmark's process reads its chunks late whenever that process's
 other threads hold the interpreter or its core is taken, and a late read counts against the server
 (client-side TTFT and TPOT). Its own process, raised above the workers (nice -10, as root), runs when it
-has something to read; it needs a few percent of a core (11-20 % at 24 req/s of the Azure trace's
-streams, elastic_e2e, 2026-12-03). `cores`: where it may run. A benchmark keeps it off the cores of the
+has something to read; it needs a few percent of a core (11-20 % in `ps`, at 19.9 req/s of the Azure
+trace's streams, elastic_e2e, 2026-12-03). `cores`: where it may run. A benchmark keeps it off the cores of the
 job it measures: left to float, it took them at its raised priority whenever it landed there, a cost no
 real client puts on a training job (rose's train steps took 1.40-1.43 s beside it where ideal's, with
 no serving traffic, took 1.14-1.15 s).

@@ -277,5 +277,5 @@ class SloController:
         decode an ever smaller batch."""
         if not rollout.waiting or rollout.asleep:
             return ()
-        return tuple(w.request_id for w in self._admissions(list(rollout.running), rollout.waiting,
+        return tuple(w.request_id for w in self._admissions(rollout.running, rollout.waiting,
                                                              rollout.kv_available_tokens, time_left_ms))
