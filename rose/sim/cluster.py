@@ -106,7 +106,7 @@ class Simulation:
         if t is not None:
             self._at(t, "decoded", inst.addr, inst.epoch)
         if inst is self.shared and self.training:
-            end = self.trainer.engine_changed(self.now, inst.n_eff > 0)
+            end = self.trainer.engine_changed(self.now, inst.holds_core(self.plat.cpu is not None))
             if end is not None:
                 self._at(end, "trained", self.next_train, self.trainer.epoch)
 
@@ -168,9 +168,7 @@ class Simulation:
             key = f"s{k}r{st['rounds']}g{i}"
             q.append(Task(key, k, self.cfg.group_size, float(g.decode_tokens[i]), float(g.occupancy[i]),
                           float(g.env_s[i]), float(g.train_tokens[i]), bool(g.varied[i]), min_v))
-        st["rounds"] += 1
-        st["sampled"] += n
-        st["outstanding"] += n
+        st["rounds"], st["sampled"], st["outstanding"] = st["rounds"] + 1, st["sampled"] + n, st["outstanding"] + n
         self.r.tasks_created += n
         self._want_placement()
 
@@ -207,8 +205,8 @@ class Simulation:
                     inst.factor = PAUSED
                     self._retime(inst)
             dt += self.plat.reload_s()
-        self._at(self.trainer.start(self.now, dt, self.shared is not None and self.shared.n_eff > 0), "trained", k,
-                 self.trainer.epoch)
+        busy = self.shared is not None and self.shared.holds_core(self.plat.cpu is not None)
+        self._at(self.trainer.start(self.now, dt, busy), "trained", k, self.trainer.epoch)
         if self.shared is not None:  # the engine on the trainer's devices runs at the shared speed meanwhile
             self.shared.advance(self.now)
             self.shared.factor = 1 / self.trainer.share
@@ -268,6 +266,8 @@ class Simulation:
         inst.advance(self.now)
         inst.finish(task)
         task.inst = None
+        if inst is self.shared:
+            self._retime(inst)  # the trainer may have the devices to itself again
         self._task_done(task)
         self._want_placement()
 

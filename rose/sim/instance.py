@@ -75,6 +75,12 @@ class Instance:
             return (self.serving_ms / k + r) * self.factor / 1e3
         return (self.serving_ms + r) * self.factor / 1e3
 
+    def holds_core(self, cpu: bool) -> bool:
+        """Whether this engine takes its devices' time now: while it decodes, and on a CPU host (`cpu`) also
+        between two turns of its rollouts (the agent loop's work there runs on the same core; the
+        calibration's per-turn overhead is that work, not an idle wait)."""
+        return self.n_eff > 0 or (cpu and bool(self.tasks))
+
     def core_slowdown(self) -> float:
         """How much slower than on a core of its own the agent loop's work between two turns runs here, on a
         CPU host where that work shares the worker's core with its engines: on a serving instance it gets

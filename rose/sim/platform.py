@@ -74,7 +74,9 @@ def build(cfg: SimConfig, rng: np.random.Generator, azure_csv: str = AZURE_CSV) 
     shape = _shape(azure_csv, cfg.serving_token_scale)
     if cfg.platform == "cpu":
         prof = load_cpu_profile()
-        roll = prof.linear(max_seqs=64)
+        # A dedicated worker's slots as the setup gives them (elastic_e2e: 256 for fixed's worker, 64 for a
+        # colocated one); 64 for all of them made fixed's step two waves where the runs had one.
+        roll = prof.linear(max_seqs=cfg.max_num_seqs)
         serve, co_roll = replace(prof.linear(max_seqs=256), max_seqs=256), replace(roll, max_seqs=128)
         # A co-served step as the serving worker's controller measured it (two engines and the worker's
         # other threads in one process on one core), where the profile has it; else the engine alone.

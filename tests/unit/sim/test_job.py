@@ -81,3 +81,23 @@ def test_gpu_setups_keep_their_split_as_run():
                     group_size=8, steps=2, train_fraction=0.9375)
     assert Simulation(cfg, "rose").train_gpus == 16  # no 4-GPU rollout instance on top of 15 training GPUs
     assert Simulation(cfg, "fixed_async").train_gpus == 12
+
+
+def test_a_cpu_hosts_rollout_instances_take_the_slots_the_config_gives_them():
+    # elastic_e2e's fixed worker takes 256 sequences, the colocated one 64: the profile's engine with either
+    for seqs in (64, 256):
+        assert build(replace(GUESS, max_num_seqs=seqs), np.random.default_rng(0)).roll.max_seqs == seqs
+
+
+def test_on_a_cpu_host_an_engine_between_turns_still_takes_the_trainers_core():
+    # The per-turn overhead fitted on a CPU host is the agent loop's work on the engine's core: while the
+    # next step's rollouts wait between long turns (decoding almost nothing), the trainer beside them still
+    # runs at the shared speed, not at its own.
+    cfg = replace(GUESS, policies=("fixed_async",), serving_gpus=0, max_num_seqs=256, env_latency_s=2.0, steps=6)
+    sim = Simulation(cfg, "fixed_async")
+    shared = sim.run()
+    own = Simulation(replace(cfg, job_gpus=2), "fixed_async").run()  # the same steps, the trainer on a core of its own
+    assert sim.shared is not None and shared.tasks_done == shared.tasks_created and shared.accounting_error_s < 1e-6
+    exclusive = max(own.train_s)
+    # a step trained while the next one's rollouts were in flight ran at the shared speed throughout
+    assert max(shared.train_s) == pytest.approx(exclusive / sim.trainer.share, rel=0.05)
