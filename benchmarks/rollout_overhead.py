@@ -11,8 +11,8 @@ for the whole run; rounds alternate between the two paths.
 Throughput is generated tokens per wall second over the timed rounds after one warm-up round.
 `ratio` is for synchronous rounds (each round's rollouts submitted, run and gathered before the next:
 a synchronous step's rollout phase); `ratio_async` for the same rounds with the next one submitted
-while the current one runs (asynchronous steps keep one step's rollouts ahead), in blocks between
-direct rounds. ROSE's clock stops when a round's trajectories are gathered at the driver.
+while the current one runs (asynchronous steps keep one step's rollouts ahead), in blocks that
+alternate, mirrored, with the direct baseline running the same rounds. ROSE's clock stops when a round's trajectories are gathered at the driver.
 
     python benchmarks/rollout_overhead.py [--quick]
 """
@@ -97,8 +97,8 @@ def run_both(model_dir, engine_cfg, max_len, rounds, n, seed):
     ROSE's round is its own path: a step graph (prompts -> rollout) lowered and submitted as the
     runner does. Then the same rounds once more through ROSE asynchronously, in blocks (half the
     rounds each; all of them below 4): each round's graph is submitted while the one before still runs
-    (at most two in flight, as `staleness=1` steps are), with a direct round before the first block
-    and after each. Returns ([(direct_tokens, direct_s, rose_tokens, rose_s)] per timed
+    (at most two in flight, as `staleness=1` steps are); the direct baseline runs the same blocks,
+    mirrored (direct, rose, rose, direct). Returns ([(direct_tokens, direct_s, rose_tokens, rose_s)] per timed
     round, (direct_tokens, direct_s, rose_tokens, rose_s) of the asynchronous phase)."""
     from distributed import Client, wait
 
@@ -149,13 +149,15 @@ def run_both(model_dir, engine_cfg, max_len, rounds, n, seed):
                 if r > 0:
                     results.append((d_tokens, d_s, tokens(table), r_s))
             # Asynchronous: blocks of rounds, in each round r+1 submitted before round r is waited for;
-            # a block's clock runs from its first submission to its last round's gather. A direct round
-            # runs before the first block and after each, so that the baseline sees the same minutes.
+            # a block's clock runs from its first submission to its last round's gather. The direct
+            # baseline runs the same rounds (in lockstep, as it runs any round), block for block, in
+            # mirrored order (direct, rose, rose, direct), so both sides do the same work in the same minutes.
             block = rounds if rounds < 4 else rounds // 2
             a_tokens = a_s = 0.0
-            direct_async = [direct.ask("ROUND 1")]
-            for first in range(1, rounds + 1, block):
-                rs = list(range(first, min(rounds, first + block - 1) + 1))
+            direct_async = []
+
+            def rose_block(rs):
+                nonlocal a_tokens, a_s
                 t0 = time.perf_counter()
                 inflight, tables = [(rs[0], start(rs[0]))], []
                 for r in rs[1:] + [None]:
@@ -164,7 +166,12 @@ def run_both(model_dir, engine_cfg, max_len, rounds, n, seed):
                     tables.append(finish(*inflight.pop(0)))
                 a_s += time.perf_counter() - t0
                 a_tokens += sum(tokens(t) for t in tables)
-                direct_async.append(direct.ask(f"ROUND {rs[-1]}"))
+
+            blocks = [list(range(first, min(rounds, first + block - 1) + 1)) for first in range(1, rounds + 1, block)]
+            for i, rs in enumerate(blocks):
+                sides = [lambda: direct_async.extend(direct.ask(f"ROUND {r}") for r in rs), lambda: rose_block(rs)]
+                for side in (sides if i % 2 == 0 else reversed(sides)):
+                    side()
     finally:
         direct.close()
     d_tokens, d_s = sum(d[0] for d in direct_async), sum(d[1] for d in direct_async)
@@ -215,8 +222,8 @@ def main():
           f"(target >= 0.8)")
     async_ratio = (a_tokens / a_s) / (ad_tokens / ad_s)
     print(f"{'async':<7}{ad_tokens / ad_s:>11.1f} tok/s{'':>4}{a_tokens / a_s:>10.1f} tok/s   ratio rose/direct = "
-          f"{async_ratio:.3f} (rounds 1..{rounds} in blocks, two in flight; direct: a round before and after each "
-          f"block)\n")
+          f"{async_ratio:.3f} (rounds 1..{rounds} in blocks, two in flight; direct: the same rounds, block for "
+          f"block, mirrored)\n")
     print(json.dumps({"bench": "rollout_overhead", "rose_tok_s": round(rose_tok_s, 1),
                       "direct_tok_s": round(direct_tok_s, 1), "ratio": round(ratio, 3),
                       "rose_async_tok_s": round(a_tokens / a_s, 1), "ratio_async": round(async_ratio, 3),
