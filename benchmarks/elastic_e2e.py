@@ -219,6 +219,8 @@ def main():
     ap.add_argument("--serving-seqs", type=int, default=128,
                     help="rollout sequences the serving worker may hold (rose), and core 1's dedicated worker's "
                          "slots (ideal, elastic's on-demand worker)")
+    ap.add_argument("--migrate", action="store_true",
+                    help="rose moves its tail off the serving worker to dedicated room (ClusterConfig.migrate)")
     ap.add_argument("--policies", default="fixed,elastic,rose,ideal", help=argparse.SUPPRESS)  # debugging: a subset
     args = ap.parse_args()
     steps = args.steps or (12 if args.quick else 30)
@@ -239,7 +241,7 @@ def main():
                             idle_release_s=60.0)
     fixed = replace(base, policy="fixed")
     rose_cfg = replace(base, policy="rose", dedicated_slots=args.dedicated_slots, num_serving=1,
-                       serving_model=model_dir, serving_rollout_seqs=args.serving_seqs)
+                       serving_model=model_dir, serving_rollout_seqs=args.serving_seqs, migrate=args.migrate)
     # ideal: rose's layout with core 1's serving worker replaced by a dedicated one of its slots
     ideal = replace(base, policy="fixed", num_dedicated=2, dedicated_slots=args.dedicated_slots)
     # label -> (policy, cluster, staleness, core 1's dedicated slots, steps). Fixed runs in the modes that
@@ -332,7 +334,7 @@ def main():
         "lost": sum(r["lost"] for r in everything), "duplicated": sum(r["duplicated"] for r in everything),
         "steps": steps, "elastic_steps": args.elastic_steps if ek else None, "serving_rate": args.rate,
         "serving_capacity": rounded(args.capacity, 1), "serving_load": round(load, 3), "ttft_ms": args.ttft_ms,
-        "tpot_ms": args.tpot_ms, "quick": args.quick,
+        "tpot_ms": args.tpot_ms, "migrate": args.migrate, "quick": args.quick,
         "fixed_run": fk, "elastic_run": ek, "rose_run": rk, "ideal_run": ik,
         "speedup_per_run": {f"{k} #{i + 1}": round(r["traj_s"] / f_traj, 3)
                             for k, rs in results.items() for i, r in enumerate(rs)} if f_traj else None,
