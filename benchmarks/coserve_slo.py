@@ -98,6 +98,28 @@ def _tokens_now(client, worker) -> int:
     return client.run(count, workers=[worker])[worker]
 
 
+WINDOW_STATS = ("iterations", "preemptions", "steps_cut", "rollout_wall_ms", "rollout_cpu_ms", "serving_wall_ms",
+                "serving_cpu_ms")
+
+
+def _executor_stats(client, worker) -> dict:
+    def stats(dask_worker):
+        return dict(dask_worker.plugins["rose"].host.engine.stats)
+    return client.run(stats, workers=[worker])[worker]
+
+
+def _window_line(report, before: dict, after: dict) -> str:
+    """What a co-served window's misses were and what the executor did meanwhile: its preemptions, the
+    iterations whose extra rollout steps the measured period cut short, and the milliseconds the core
+    gave other threads or processes inside its steps (wall less CPU: contention)."""
+    d = {k: after[k] - before[k] for k in WINDOW_STATS}
+    ttft = sum(r.status == 200 and (r.ttft_ms is None or r.ttft_ms > report.ttft_ms) for r in report.results)
+    tpot = sum(r.status == 200 and r.tpot_ms is not None and r.tpot_ms > report.tpot_ms for r in report.results)
+    return (f"(misses: {ttft} TTFT, {tpot} TPOT; {d['iterations']} iterations, {d['preemptions']} preemptions, "
+            f"{d['steps_cut']} cut; contention {d['serving_wall_ms'] - d['serving_cpu_ms']:.0f} ms in serving "
+            f"steps, {d['rollout_wall_ms'] - d['rollout_cpu_ms']:.0f} ms in rollout steps) ")
+
+
 def _window(client, url, arrivals, args, demand_on: str | None):
     """One window: the arrivals (None: no serving traffic) while `demand_on` (None: no worker) runs
     rollout demand. Returns (traffic report or None, rollout tokens per second on `demand_on`)."""
@@ -186,14 +208,17 @@ def main():
         order = ["alone", "coserved", "dedicated"]
         for r in range(rounds):
             for phase in (order if r % 2 == 0 else order[::-1]):
+                before = _executor_stats(client, serving)
                 report, tok_s = _window(client, url, None if phase == "dedicated" else arrivals, args,
                                         {"alone": None, "coserved": serving, "dedicated": dedicated}[phase])
                 if report is not None:
                     phases[phase].append(report)
                 if tok_s is not None:
                     rates[phase].append(tok_s)
+                detail = _window_line(report, before, _executor_stats(client, serving)) if report else ""
                 print(f"  round {r + 1} {phase}: " + (f"attainment {report.attainment:.4f} " if report else "")
-                      + (f"rollout {tok_s:.1f} tok/s" if tok_s is not None else ""), file=sys.stderr, flush=True)
+                      + detail + (f"rollout {tok_s:.1f} tok/s" if tok_s is not None else ""), file=sys.stderr,
+                      flush=True)
         def executor_figures(dask_worker):
             ex = dask_worker.plugins["rose"].host.engine
             ctl = ex.controller
