@@ -109,7 +109,7 @@ def _executor_stats(client, worker) -> dict:
 
 
 def _window_line(report, before: dict, after: dict) -> str:
-    """What a co-served window's misses were and what the executor did meanwhile: its preemptions, the
+    """What a window's serving misses were and what the executor did meanwhile: its preemptions, the
     iterations whose extra rollout steps the measured period cut short, and the milliseconds the core
     gave other threads or processes inside its steps (wall less CPU: contention)."""
     d = {k: after[k] - before[k] for k in WINDOW_STATS}

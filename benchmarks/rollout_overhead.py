@@ -12,7 +12,8 @@ Throughput is generated tokens per wall second over the timed rounds after one w
 `ratio` is for synchronous rounds (each round's rollouts submitted, run and gathered before the next:
 a synchronous step's rollout phase); `ratio_async` for the same rounds with the next one submitted
 while the current one runs (asynchronous steps keep one step's rollouts ahead), in blocks that
-alternate, mirrored, with the direct baseline running the same rounds. ROSE's clock stops when a round's trajectories are gathered at the driver.
+alternate, mirrored, with the direct baseline running the same rounds. ROSE's clock stops when a
+round's trajectories are gathered at the driver.
 
     python benchmarks/rollout_overhead.py [--quick]
 """
@@ -98,8 +99,8 @@ def run_both(model_dir, engine_cfg, max_len, rounds, n, seed):
     runner does. Then the same rounds once more through ROSE asynchronously, in blocks (half the
     rounds each; all of them below 4): each round's graph is submitted while the one before still runs
     (at most two in flight, as `staleness=1` steps are); the direct baseline runs the same blocks,
-    mirrored (direct, rose, rose, direct). Returns ([(direct_tokens, direct_s, rose_tokens, rose_s)] per timed
-    round, (direct_tokens, direct_s, rose_tokens, rose_s) of the asynchronous phase)."""
+    mirrored (direct, rose, rose, direct). Returns ([(direct_tokens, direct_s, rose_tokens, rose_s)] per
+    timed round, (direct_tokens, direct_s, rose_tokens, rose_s) of the asynchronous phase)."""
     from distributed import Client, wait
 
     from rose.config import ClusterConfig
