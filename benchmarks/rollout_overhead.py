@@ -8,7 +8,10 @@ Same episodes (guess env, same seeds, same per-turn sampling seeds, temperature 
 Both engines are bound to the same single core and built from the same engine arguments
 (`engine_kwargs`), both processes collect garbage as a ROSE worker does (`tune_gc`), and both stay up
 for the whole run; rounds alternate between the two paths.
-Throughput is generated tokens per wall second over the timed rounds after one warm-up round.
+Throughput is generated tokens per wall second over the timed rounds after one warm-up round. Each
+synchronous round's time is also split into the engine's own (its iterations: `LLMEngine.step` timed
+in the direct process, the engine loop's `busy_s` on ROSE's worker, read off the clock) and the rest,
+the path around the engine: where the two paths' times differ.
 `ratio` is for synchronous rounds (each round's rollouts submitted, run and gathered before the next:
 a synchronous step's rollout phase); `ratio_async` for the same rounds with the next one submitted
 while the current one runs (asynchronous steps keep one step's rollouts ahead), in blocks that
@@ -57,6 +60,17 @@ def serve_direct(model_dir, engine_cfg, max_len, n, seed):
     llm = LLM(**engine_kwargs(model_dir, engine_cfg, max_len, seed))  # ROSE's engine, argument for argument
     tok = AutoTokenizer.from_pretrained(model_dir)
     stops = [tok.convert_tokens_to_ids("\n"), tok.eos_token_id]
+    # The engine's own time (its iterations), apart from the round's: what is left is the path around it.
+    engine, step, engine_s = llm.llm_engine, llm.llm_engine.step, [0.0]
+
+    def timed_step(*a, **kw):
+        t = time.perf_counter()
+        try:
+            return step(*a, **kw)
+        finally:
+            engine_s[0] += time.perf_counter() - t
+
+    engine.step = timed_step
     print("READY", flush=True)
     for line in sys.stdin:
         r = int(line.split()[1])
@@ -65,7 +79,7 @@ def serve_direct(model_dir, engine_cfg, max_len, n, seed):
         ctx = [[tok.bos_token_id] + encode(tok, e.reset(s.env_seed))
                for e, s in zip(envs, specs)]
         alive = list(range(len(specs)))
-        gen_tokens = 0
+        gen_tokens, engine_s[0] = 0, 0.0
         t0 = time.perf_counter()
         for turn in range(max(e.max_turns for e in envs)):
             if not alive:
@@ -83,7 +97,7 @@ def serve_direct(model_dir, engine_cfg, max_len, n, seed):
                 if not res.done and turn + 1 < envs[i].max_turns:
                     still.append(i)
             alive = still
-        print(json.dumps([gen_tokens, time.perf_counter() - t0]), flush=True)
+        print(json.dumps([gen_tokens, time.perf_counter() - t0, engine_s[0]]), flush=True)
 
 
 def direct_baseline(n, seed) -> LineChild:
@@ -99,8 +113,9 @@ def run_both(model_dir, engine_cfg, max_len, rounds, n, seed):
     runner does. Then the same rounds once more through ROSE asynchronously, in blocks (half the
     rounds each; all of them below 4): each round's graph is submitted while the one before still runs
     (at most two in flight, as `staleness=1` steps are); the direct baseline runs the same blocks,
-    mirrored (direct, rose, rose, direct). Returns ([(direct_tokens, direct_s, rose_tokens, rose_s)] per
-    timed round, (direct_tokens, direct_s, rose_tokens, rose_s) of the asynchronous phase)."""
+    mirrored (direct, rose, rose, direct). Returns ([(direct_tokens, direct_s, direct_engine_s, rose_tokens,
+    rose_s, rose_engine_s)] per timed round, where *_engine_s is the time inside the engine's iterations,
+    and (direct_tokens, direct_s, rose_tokens, rose_s) of the asynchronous phase)."""
     from distributed import Client, wait
 
     from rose.config import ClusterConfig
@@ -141,14 +156,20 @@ def run_both(model_dir, engine_cfg, max_len, rounds, n, seed):
             def tokens(table) -> int:  # counted after the clock stops (the direct path counts as it goes)
                 return sum(sum(m) for m in table["loss_mask"].to_pylist())
 
+            def engine_busy_s() -> float:  # the worker's engine's time in its iterations so far (read off the clock)
+                def busy(dask_worker):
+                    return dask_worker.plugins["rose"].host.engine.counters()["busy_s"]
+                return next(iter(client.run(busy, workers=roles["dedicated"]).values()))
+
             results = []
             for r in tqdm(range(rounds + 1), desc="rounds (direct, rose)"):  # round 0 warms both up
-                d_tokens, d_s = direct.ask(f"ROUND {r}")
+                d_tokens, d_s, d_engine_s = direct.ask(f"ROUND {r}")
+                busy0 = engine_busy_s()
                 t0 = time.perf_counter()
                 table = finish(r, start(r))
                 r_s = time.perf_counter() - t0
                 if r > 0:
-                    results.append((d_tokens, d_s, tokens(table), r_s))
+                    results.append((d_tokens, d_s, d_engine_s, tokens(table), r_s, engine_busy_s() - busy0))
             # Asynchronous: blocks of rounds, in each round r+1 submitted before round r is waited for;
             # a block's clock runs from its first submission to its last round's gather. The direct
             # baseline runs the same rounds (in lockstep, as it runs any round), block for block, in
@@ -213,11 +234,20 @@ def main():
     results, (ad_tokens, ad_s, a_tokens, a_s) = run_both(model_dir, engine_cfg, model_cfg.max_model_len, rounds, n,
                                                          args.seed)
     print(f"\nrollout overhead: {n} guess episodes per round, engine on core {CORE}, rounds alternate")
-    print(f"{'round':<7}{'direct tok':>11}{'direct s':>10}{'rose tok':>10}{'rose s':>8}{'ratio':>7}")
-    for r, (dt, ds, rt, rs) in enumerate(results, 1):
-        print(f"{r:<7}{dt:>11}{ds:>10.2f}{rt:>10}{rs:>8.2f}{(rt / rs) / (dt / ds):>7.3f}")
+    # engine s: inside the engine's iterations; outside: the rest of the round (the path around the engine)
+    print(f"{'round':<7}{'direct tok':>11}{'direct s':>10}{'engine s':>10}{'rose tok':>10}{'rose s':>8}"
+          f"{'engine s':>10}{'ratio':>7}")
+    for r, (dt, ds, de, rt, rs, re) in enumerate(results, 1):
+        print(f"{r:<7}{dt:>11}{ds:>10.2f}{de:>10.2f}{rt:>10}{rs:>8.2f}{re:>10.2f}{(rt / rs) / (dt / ds):>7.3f}")
     direct_tok_s = sum(x[0] for x in results) / sum(x[1] for x in results)
-    rose_tok_s = sum(x[2] for x in results) / sum(x[3] for x in results)
+    rose_tok_s = sum(x[3] for x in results) / sum(x[4] for x in results)
+    k = len(results)
+    engine = {"direct_engine_s": sum(x[2] for x in results) / k, "rose_engine_s": sum(x[5] for x in results) / k,
+              "direct_outside_s": sum(x[1] - x[2] for x in results) / k,
+              "rose_outside_s": sum(x[4] - x[5] for x in results) / k}
+    print(f"a round on average: direct {engine['direct_engine_s']:.3f} s in the engine + "
+          f"{engine['direct_outside_s']:.3f} s outside it; rose {engine['rose_engine_s']:.3f} + "
+          f"{engine['rose_outside_s']:.3f} s")
     ratio = rose_tok_s / direct_tok_s
     print(f"{'all':<7}{direct_tok_s:>11.1f} tok/s{'':>4}{rose_tok_s:>10.1f} tok/s   ratio rose/direct = {ratio:.3f} "
           f"(target >= 0.8)")
@@ -228,6 +258,7 @@ def main():
     print(json.dumps({"bench": "rollout_overhead", "rose_tok_s": round(rose_tok_s, 1),
                       "direct_tok_s": round(direct_tok_s, 1), "ratio": round(ratio, 3),
                       "rose_async_tok_s": round(a_tokens / a_s, 1), "ratio_async": round(async_ratio, 3),
+                      **{f"{k}_per_round": round(v, 3) for k, v in engine.items()},
                       "trajectories": n, "rounds": rounds, "quick": args.quick}))
 
 
