@@ -208,7 +208,7 @@ def main():
         order = ["alone", "coserved", "dedicated"]
         for r in range(rounds):
             for phase in (order if r % 2 == 0 else order[::-1]):
-                before = _executor_stats(client, serving)
+                before = _executor_stats(client, serving) if phase != "dedicated" else None  # windows with traffic
                 report, tok_s = _window(client, url, None if phase == "dedicated" else arrivals, args,
                                         {"alone": None, "coserved": serving, "dedicated": dedicated}[phase])
                 if report is not None:

@@ -105,6 +105,9 @@ class Simulation:
         t = inst.next_end()
         if t is not None:
             self._at(t, "decoded", inst.addr, inst.epoch)
+        self._trainer_rate(inst)
+
+    def _trainer_rate(self, inst: Instance) -> None:  # the trainer's speed follows the engine sharing its devices
         if inst is self.shared and self.training:
             end = self.trainer.engine_changed(self.now, inst.holds_core(self.plat.cpu is not None))
             if end is not None:
@@ -221,12 +224,11 @@ class Simulation:
             self.shared.advance(self.now)
             self.shared.factor = 1.0
             self._retime(self.shared)
-        self.next_train = k + 1
-        self.version = k + 1
+        self.next_train = self.version = k + 1
         self.r.step_end.append(self.now)
-        self.r.trained_trajectories += self.steps[k]["trained_groups"] * self.cfg.group_size
-        self.r.demand.append(self.steps[k]["sampled"])
         st = self.steps[k]
+        self.r.trained_trajectories += st["trained_groups"] * self.cfg.group_size
+        self.r.demand.append(st["sampled"])
         self.r.rollout_s.append(st["end"] - st["start"] if st["start"] is not None else 0.0)
         if self.colocated:  # the job's engines took the new weights on their own devices (in train_s)
             for inst in self.insts.values():
@@ -235,13 +237,10 @@ class Simulation:
                     inst.factor = 1.0
                     inst.version = self.version
                     self._retime(inst)
-        self._sync(self.version)
+        sync_step(self, self.version)
         self._submit_ready()
         self._try_train()
         self._want_placement()
-
-    def _sync(self, version: int) -> None:
-        sync_step(self, version)
 
     def _on_synced(self, site: str, version: int) -> None:
         for inst in self.insts.values():
@@ -266,8 +265,7 @@ class Simulation:
         inst.advance(self.now)
         inst.finish(task)
         task.inst = None
-        if inst is self.shared:
-            self._retime(inst)  # the trainer may have the devices to itself again
+        self._trainer_rate(inst)  # with its last rollout gone, the trainer may have the devices to itself again
         self._task_done(task)
         self._want_placement()
 
