@@ -2,8 +2,9 @@
 under it, under its deadline), and a whole group run on the engine's own event loop, with a watchdog
 for an engine that stalls.
 
-A dedicated worker's `EngineLoop` runs an asyncio loop on the thread that steps its engine
-(rose/runtime/engine/loop.py): a group's agent loops run there, so their turns never cross threads.
+Both rollout engines run an asyncio loop on the thread that steps their engines (a dedicated worker's
+`EngineLoop`, rose/runtime/engine/loop.py; a serving worker's `CoServingExecutor`): a group's agent loops
+run there, so their turns never cross threads.
 The price: while one engine iteration runs, nothing else on that thread does, a turn's own deadline
 (`request_timeout_s`) included. An iteration that never returns (a hung kernel, a deadlock in the
 engine) would then hold the group forever; the Dask task, on the worker's own loop, watches for it

@@ -5,10 +5,10 @@ milliseconds, by the group size for no gain: a group is retried, placed and trai
 The task runs the agent loop below for each of its trajectories; every policy turn is a request
 handed to the worker's engine loop, where it is batched with the turns of every other rollout on that
 worker. The task is a coroutine, so a hundred rollouts wait on one thread instead of a hundred threads;
-on a dedicated worker it runs its group on the engine loop's own event loop, on the engine's thread, so
-that a turn never crosses threads (rose/ops/engine_calls.py; measured in benchmarks/rollout_overhead.py),
-elsewhere on the worker's event loop. The result is an Arrow RecordBatch of the
-trajectory schema. Nothing is lost on failure:
+it runs its group on the event loop of the thread that steps the worker's engine (a dedicated worker's
+engine loop, a serving worker's co-serving executor), so that a turn never crosses threads
+(rose/ops/engine_calls.py; measured in benchmarks/rollout_overhead.py and benchmarks/coserve_slo.py).
+The result is an Arrow RecordBatch of the trajectory schema. Nothing is lost on failure:
 an environment that raises, hangs past `env_timeout_s` or returns nonsense, or a prompt that does not
 fit, yields a row with finish_reason "failed" and the error text (naming the environment, the turn and
 the trajectory id), and the rest of the group and the step go on.

@@ -1,6 +1,7 @@
-"""Rollouts on the engine loop's own event loop (pure logic, FakeEngine): their turns never cross
-threads, each iteration waits for the turns the last one woke, a caller that gives up does not end the
-loop, and a stalled engine fails its groups' trajectories instead of holding them forever."""
+"""Rollouts on their engine's own event loop (pure logic, FakeEngine), for both rollout engines (a dedicated
+worker's engine loop, a serving worker's co-serving executor): their turns never cross threads, each
+iteration waits for the turns the last one woke, a caller that gives up does not end the loop, and a
+stalled engine fails its groups' trajectories instead of holding them forever."""
 import asyncio
 import threading
 import time
@@ -10,6 +11,8 @@ import pytest
 from rose.errors import EngineError
 from rose.ops.engine_calls import failed_group, on_engine_loop
 from rose.ops.rollout import Partial, RolloutSpec, agent_loop
+from rose.runtime.coserve.executor import CoServingExecutor
+from rose.runtime.coserve.slo import SloConfig, SloController
 from rose.runtime.engine import EngineLoop, SamplingSpec
 from rose.runtime.engine.fake import FakeEngine
 from tests.helpers.envs import ScriptedEnv
@@ -19,6 +22,15 @@ from tests.unit.test_engine_loop import WordTokenizer
 
 class InlineScripted(ScriptedEnv):
     inline = True  # stepped on the loop itself, as guess and calc are
+
+
+def _executor(engine):
+    return CoServingExecutor(FakeEngine(), engine, SloController(SloConfig(ttft_ms=1000, tpot_ms=1000)))
+
+
+@pytest.fixture(params=[EngineLoop, _executor], ids=["engine-loop", "co-serving-executor"])
+def make(request):
+    return request.param
 
 
 @pytest.fixture
@@ -39,15 +51,16 @@ def _group(loop, tok, n, turns=3, max_turns=3):
     return group
 
 
-def test_rollouts_on_the_loop_meet_in_every_iteration(tok):
+def test_rollouts_on_the_loop_meet_in_every_iteration(tok, make):
     """8 trajectories of 3 turns; one says its turns in 1 token, the others in 2. Each iteration is
     queued behind the turns the last one woke, so the short one's next turn joins the very next
     iteration, with the others still decoding: 8 a step until it ends, then 7 (across threads, or
     with the iteration queued first, a turn that comes back after the next iteration began misses it)."""
     ok, nl = tok.vocab["ok"], tok.vocab["\n"]
     engine = CountingEngine(vocab_size=len(tok.vocab), max_model_len=64, script={"s0-g0-i0": [nl], "": [ok, nl]})
-    loop = EngineLoop(engine)
+    loop = make(engine)
     try:
+        engine.batches.clear()  # the executor's warm-up step
         trajs = loop.run(_group(loop, tok, 8)()).result(10)
         assert all(t.finish_reason == "done" and len(t.turn_offsets) == 3 for t in trajs)
         assert engine.batches == [8, 8, 8, 7, 7, 7]
@@ -55,8 +68,8 @@ def test_rollouts_on_the_loop_meet_in_every_iteration(tok):
         loop.close()
 
 
-def test_a_rollout_on_the_loop_gets_what_a_caller_on_another_thread_gets(tok):
-    loop = EngineLoop(_engine(tok))
+def test_a_rollout_on_the_loop_gets_what_a_caller_on_another_thread_gets(tok, make):
+    loop = make(_engine(tok))
     try:
         spec = RolloutSpec(0, 0, 0, "scripted", env_seed=3)
         here = loop.run(agent_loop(spec, InlineScripted(), loop, tok, 64)).result(10)
@@ -67,13 +80,13 @@ def test_a_rollout_on_the_loop_gets_what_a_caller_on_another_thread_gets(tok):
         loop.close()
 
 
-def test_a_caller_on_the_loop_that_gives_up_leaves_the_loop_serving(tok):
+def test_a_caller_on_the_loop_that_gives_up_leaves_the_loop_serving(tok, make):
     class Slow(FakeEngine):
         def step(self):
             time.sleep(0.02)
             return super().step()
 
-    loop = EngineLoop(Slow(vocab_size=16, max_model_len=64))
+    loop = make(Slow(vocab_size=16, max_model_len=64))
     try:
         async def give_up():
             fut = loop.agenerate([1, 2], SamplingSpec(max_tokens=20))
@@ -96,13 +109,14 @@ class Stuck(FakeEngine):
         self.release = threading.Event()
 
     def step(self):
-        self.release.wait()
+        if set(self._reqs) != {"rose-warm-up"}:  # the executor's warm-up step goes through
+            self.release.wait()
         return super().step()
 
 
-def test_a_stalled_engine_fails_the_group_instead_of_holding_it(tok):
+def test_a_stalled_engine_fails_the_group_instead_of_holding_it(tok, make):
     engine = _engine(tok, Stuck)
-    loop = EngineLoop(engine)
+    loop = make(engine)
     try:
         async def watch():
             return await on_engine_loop(loop, _group(loop, tok, 4), stall_s=0.3)
@@ -118,8 +132,8 @@ def test_a_stalled_engine_fails_the_group_instead_of_holding_it(tok):
         loop.close()
 
 
-def test_a_healthy_engine_is_not_taken_for_stalled(tok):
-    loop = EngineLoop(_engine(tok))
+def test_a_healthy_engine_is_not_taken_for_stalled(tok, make):
+    loop = make(_engine(tok))
     try:
         async def watch():
             return await on_engine_loop(loop, _group(loop, tok, 4), stall_s=0.3)
@@ -145,9 +159,9 @@ def test_a_failed_group_keeps_every_trajectory_and_what_it_had():
     assert out[2].finish_reason == "failed" and out[2].worker == "tcp://w:1"
 
 
-def test_close_cancels_rollouts_still_on_the_loop(tok):
+def test_close_cancels_rollouts_still_on_the_loop(tok, make):
     engine = _engine(tok, Stuck)
-    loop = EngineLoop(engine)
+    loop = make(engine)
     fut = loop.run(_group(loop, tok, 2)())
     time.sleep(0.1)
     engine.release.set()  # lets the thread out of its iteration so close can run

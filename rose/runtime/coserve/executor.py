@@ -7,12 +7,15 @@ arrives meanwhile, or a period that has used its budget as measured, cuts the ex
 Each step's measured time feeds the controller's latency model. A preempted rollout sequence later
 resumes from its prompt plus the tokens it had, as a new engine request for what is left; its caller
 sees one `Generation`. Rollout callers see a `RolloutEngine`, as on a dedicated worker, so the agent
-loop runs unchanged on a serving worker. Weight loads reach the rollout engine only (never the serving
+loop runs unchanged on a serving worker, and a rollout group's agent loops run on the executor's own
+thread between its iterations (`run`, `agenerate`; the thread's asyncio loop: thread.py), as they do on
+a dedicated worker's engine loop: on another thread they contended with the executor's steps. Weight loads reach the rollout engine only (never the serving
 model), in slices that fit the TPOT budget, between serving steps (`swaps.py`). The controller sees
 both engines' real KV caches (vLLM's block pools) every iteration (`views.py`).
 """
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import time
@@ -28,7 +31,7 @@ from rose.runtime.coserve.slo import SloController
 from rose.runtime.coserve.swaps import RolloutSwaps
 from rose.runtime.coserve.views import rollout_view, serving_view
 from rose.runtime.engine.base import Engine, SamplingSpec
-from rose.runtime.engine.pending import absorb, engine_future, fail
+from rose.runtime.engine.pending import absorb, engine_future, fail, settle
 from rose.runtime.engine.thread import CommandThread, build, warm_up
 
 logger = logging.getLogger("rose.coserve")
@@ -73,6 +76,7 @@ class CoServingExecutor(CommandThread):
         # Serving requests handed in (any thread) and taken into the serving engine (loop thread): a
         # difference is a request waiting in the command queue, which ends extra rollout steps
         self._serves_sent = self._serves_applied = 0
+        self._beat = 0.0  # perf_counter seconds of the last iteration's end (or rollout work reaching an idle executor)
         self._start(name, cores)
 
     # ---------------------------------------------------------------- any thread
@@ -81,6 +85,20 @@ class CoServingExecutor(CommandThread):
         rid = f"{request_id or 'rollout'}#{next(self._ids)}"
         r = _Rollout(rid, engine_future(), prompt=list(prompt_token_ids), spec=spec)
         self._command("rollout", r)
+        return r.future
+
+    def agenerate(self, prompt_token_ids: list[int], spec: SamplingSpec,
+                  request_id: str | None = None) -> asyncio.Future:
+        """`generate` for a caller on the executor's own thread (`on_loop()`: a rollout group run there with
+        `run`): an asyncio future, resolved without crossing threads. A caller that stops waiting cancels
+        only its future; the request finishes in the engine and its result is dropped."""
+        r = _Rollout(f"{request_id or 'rollout'}#{next(self._ids)}", self.aio.create_future(),
+                     prompt=list(prompt_token_ids), spec=spec)
+        if self._closed:
+            settle(r.future, EngineError(f"{self._thread.name} is closed", request_id=r.request_id))
+        else:
+            self._apply("rollout", r)
+            self._schedule()
         return r.future
 
     def serve(self, prompt_token_ids: list[int], spec: SamplingSpec, request_id: str | None = None,
@@ -121,6 +139,13 @@ class CoServingExecutor(CommandThread):
     def counters(self) -> dict[str, float]:
         return dict(self.stats)
 
+    def stalled_s(self) -> float:
+        """Seconds since the last iteration ended (or rollout work reached an idle executor) while rollout
+        requests wait or run; 0 when none does. A watchdog's reading: the thread may be stuck."""
+        if not (self._running or self._waiting or self.swaps.held):
+            return 0.0
+        return time.perf_counter() - self._beat
+
     # ---------------------------------------------------------------- loop thread
     def _build(self) -> None:
         s, r = self._factories
@@ -136,17 +161,19 @@ class CoServingExecutor(CommandThread):
 
     def _drop(self, kind: str, payload, reason: str) -> None:
         if kind == "rollout":
-            payload.future.set_exception(EngineError(reason))
+            settle(payload.future, EngineError(reason))
         elif kind == "serve":
             payload[0].emit([], True, f"error: {reason}")
         elif kind in ("attach", "attached", "load"):
             payload[-1].set_exception(EngineError(reason))
 
-    def _apply(self, kind, payload) -> bool:
+    def _apply(self, kind, payload) -> None:
         if kind == "rollout":
+            if not (self._running or self._waiting):
+                self._beat = time.perf_counter()  # the watchdog counts from here
             if self.rollout is None:
-                payload.future.set_exception(EngineError("this serving worker has no rollout engine yet "
-                                                         "(no run has prepared it)"))
+                settle(payload.future, EngineError("this serving worker has no rollout engine yet "
+                                                   "(no run has prepared it)"))
             elif self.swaps.pending:  # a weight load comes first
                 self.swaps.held.append(payload)
             else:
@@ -160,14 +187,14 @@ class CoServingExecutor(CommandThread):
                 self.serving.add_request(req.request_id, prompt, spec)
             except Exception as e:  # a bad request fails alone; the executor goes on
                 req.emit([], True, f"error: {e}")
-                return True
+                return
             self._serving_reqs[req.request_id] = req
         elif kind == "abort":
             if self._serving_reqs.pop(payload, None) is not None:
                 self.serving.abort([payload])
-        return True  # "wake": nothing to apply; the thread looks at its work again
+        # "wake" (a weight load staged): nothing to apply; the thread looks at its work again
 
-    def _work(self) -> None:  # one iteration
+    def _work(self) -> float:  # one iteration; returns the seconds to wait before the next
         serving = serving_view(self.serving, self._serving_reqs.values(), time.perf_counter())
         rollout = rollout_view(self.rollout, self._running, self._waiting, self._asleep, self._waited)
         plan = self.controller.plan(serving, rollout)
@@ -233,8 +260,10 @@ class CoServingExecutor(CommandThread):
             start, s_ms, r_ms, pred = self._last_serving_step
             self.controller.observe_iteration((t_start - start) * 1e3, s_ms, r_ms, pred)
         self._last_serving_step = (t_start, serving_ms, rollout_ms, predicted) if serving_ms else None
+        self._beat = time.perf_counter()
         if not serving_ms and not rollout_ms and self._waiting and not plan.rollout_admit:
-            time.sleep(0.001)  # nothing can run now (caps); do not spin
+            return 0.001  # nothing can run now (caps); do not spin
+        return 0.0
 
     def _serving_waiting(self) -> bool:
         return self._serves_sent != self._serves_applied or any(q.t_first is None for q in self._serving_reqs.values())
@@ -256,7 +285,7 @@ class CoServingExecutor(CommandThread):
         try:
             self.rollout.add_request(eid, r.context, spec)
         except Exception as e:
-            r.future.set_exception(e)
+            settle(r.future, e)
             return False
         r.engine_id, r.admitted_at = eid, next(self._admissions)
         self._running[eid] = r

@@ -1,21 +1,20 @@
-"""A daemon thread that owns engines; other threads talk to it through a command queue.
+"""A daemon thread that owns engines and runs an asyncio loop; other threads hand it commands.
 
 The co-serving executor's (a serving and a rollout engine); `bind_thread` and `build` serve the
-engine loop too (rose/runtime/engine/loop.py, which runs an event loop on its thread instead). The
-engines are built on the thread itself, so their per-thread settings (vLLM's CPU thread binding,
-OpenMP thread count) apply to the thread that runs their kernels. The thread then alternates: apply
-the commands that arrived, do one unit of work (an engine iteration), and sleep when there is neither
-(or, when the subclass says so, wait briefly for more commands before the next unit). Commands are
-applied in order, between iterations; one that cannot apply yet (a weight swap while requests are in
-flight) is put back with everything after it.
+engine loop too (rose/runtime/engine/loop.py). The engines are built on the thread itself, so their
+per-thread settings (vLLM's CPU thread binding, OpenMP thread count) apply to the thread that runs
+their kernels. The thread's loop then alternates: apply the commands that arrived, do one unit of
+work (an engine iteration), let the coroutines that are ready run (the rollouts the iteration woke),
+and wait when there is nothing to do. Commands are applied in order, between iterations.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import threading
 from concurrent.futures import Future
-from typing import Callable
+from typing import Callable, Coroutine
 
 from rose.errors import EngineError
 from rose.runtime.engine.base import Engine, SamplingSpec
@@ -72,34 +71,64 @@ def bind_thread(name: str, cores: tuple[int, ...] | None) -> None:
 
 
 class CommandThread:
-    """Subclasses set their state, then call `_start`, and implement `_build`, `_has_work`, `_apply`,
-    `_work`, `_closing` and `_drop`."""
+    """A daemon thread running an asyncio loop that owns engines. Subclasses set their state, then call
+    `_start`, and implement `_build`, `_has_work`, `_apply`, `_work`, `_closing` and `_drop`.
+
+    Other threads hand it commands (`_command`), applied in order at the start of the next unit of work
+    (an engine iteration: `_work`). Each unit is a callback queued behind the callbacks already ready,
+    so coroutines on the loop (`run`: a rollout group's agent loops) take their turn between two units,
+    on this thread, and never contend with an iteration for the interpreter and the core."""
 
     def _start(self, name: str, cores: tuple[int, ...] | None) -> None:
         self.cores = cores  # the thread (the one that runs the engines' kernels) is bound to these
-        self._cv = threading.Condition()
-        self._commands: list = []  # (kind, payload), drained by the thread
+        self._lock = threading.Lock()
+        self._commands: list = []  # (kind, payload), taken by the thread
+        self._woken = False  # a wake-up for the commands is queued on the loop (under _lock)
         self._closed = False
-        self._ready = threading.Event()
+        self._turn_at: asyncio.Handle | None = None  # the next unit of work, when one is queued
+        self.aio: asyncio.AbstractEventLoop | None = None  # the thread's event loop
         self._start_error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(ready,), name=name, daemon=True)
         self._thread.start()
-        self._ready.wait()
+        ready.wait()
         if self._start_error is not None:
             raise self._start_error
 
+    def run(self, coro: Coroutine) -> Future:
+        """Run `coro` on this thread's event loop."""
+        if self._closed:
+            coro.close()
+            raise EngineError(f"{self._thread.name} is closed")
+        return asyncio.run_coroutine_threadsafe(coro, self.aio)
+
+    def on_loop(self) -> bool:
+        """Whether the caller runs on this thread."""
+        return threading.get_ident() == self._thread.ident
+
     def close(self, timeout: float = 10.0) -> None:
-        with self._cv:
-            self._closed = True
-            self._cv.notify()
+        """Stop the thread: commands not applied are dropped (`_drop`), unfinished work fails
+        (`_closing`), coroutines still on the loop are cancelled."""
+        with self._lock:
+            closing, self._closed = not self._closed, True
+        if closing:
+            try:
+                self.aio.call_soon_threadsafe(self._shutdown)
+            except RuntimeError:  # the loop has already ended
+                pass
         self._thread.join(timeout)
 
     def _command(self, kind: str, payload) -> None:
-        with self._cv:
+        with self._lock:
             if self._closed:
                 raise EngineError(f"{self._thread.name} is closed")
             self._commands.append((kind, payload))
-            self._cv.notify()
+            wake, self._woken = not self._woken, True
+        if wake:
+            if self.on_loop():
+                self.aio.call_soon(self._wake)
+            else:
+                self.aio.call_soon_threadsafe(self._wake)
 
     # ---------------------------------------------------------------- the thread
     def _build(self) -> None:
@@ -108,16 +137,13 @@ class CommandThread:
     def _has_work(self) -> bool:
         raise NotImplementedError
 
-    def _apply(self, kind: str, payload) -> bool | None:
-        """Apply one command; return False if it must wait for the work in flight to finish."""
+    def _apply(self, kind: str, payload) -> None:
+        """Apply one command."""
         raise NotImplementedError
 
-    def _work(self) -> None:
+    def _work(self) -> float:
+        """One unit of work; returns the seconds to wait before the next (0: at once)."""
         raise NotImplementedError
-
-    def _hold(self) -> float:
-        """Seconds to wait for more commands before the next unit of work (0: work now)."""
-        return 0.0
 
     def _closing(self) -> None:
         """Fail what is unfinished."""
@@ -126,37 +152,57 @@ class CommandThread:
         """Resolve a command that will never be applied (the thread is closing): fail its future."""
         raise NotImplementedError
 
-    def _run(self) -> None:
+    def _run(self, ready: threading.Event) -> None:
         bind_thread(self._thread.name, self.cores)
         try:
             self._build()
+            self.aio = asyncio.new_event_loop()
         except BaseException as e:  # surfaces in _start
             self._start_error = e
             return
         finally:
-            self._ready.set()
-        while True:
-            with self._cv:
-                while not (self._commands or self._has_work() or self._closed):
-                    self._cv.wait()
-                if self._closed:
-                    break
-                commands, self._commands = self._commands, []
-            for i, (kind, payload) in enumerate(commands):
-                if self._apply(kind, payload) is False:
-                    with self._cv:
-                        self._commands[:0] = commands[i:]
-                    break
-            if self._has_work():
-                wait = self._hold()
-                if wait > 0:  # a command that arrives meanwhile ends the wait; then decide again
-                    with self._cv:
-                        if not (self._commands or self._closed):
-                            self._cv.wait(wait)
-                    continue
-                self._work()
-        with self._cv:  # commands still queued (a weight load waiting for requests in flight) never apply
+            ready.set()
+        asyncio.set_event_loop(self.aio)
+        try:
+            self.aio.run_forever()
+            tasks = asyncio.all_tasks(self.aio)
+            for t in tasks:
+                t.cancel()
+            if tasks:
+                self.aio.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+        finally:
+            self.aio.close()
+
+    def _take(self) -> None:
+        """Apply the commands that arrived, in order."""
+        with self._lock:
+            commands, self._commands, self._woken = self._commands, [], False
+        for kind, payload in commands:
+            self._apply(kind, payload)
+
+    def _wake(self) -> None:
+        if not self._closed:
+            self._take()
+            self._schedule()
+
+    def _schedule(self, delay: float = 0.0) -> None:
+        """Queue the next unit of work, if there is work and none is queued: behind the callbacks ready
+        now (or in `delay` seconds)."""
+        if self._turn_at is None and not self._closed and self._has_work():
+            self._turn_at = self.aio.call_later(delay, self._turn) if delay > 0 else self.aio.call_soon(self._turn)
+
+    def _turn(self) -> None:
+        self._turn_at = None
+        if self._closed:
+            return
+        self._take()
+        if self._has_work():
+            self._schedule(self._work())
+
+    def _shutdown(self) -> None:
+        with self._lock:  # commands still queued never apply
             left, self._commands = self._commands, []
         for kind, payload in left:
             self._drop(kind, payload, f"{self._thread.name} closed before this {kind} command applied")
         self._closing()
+        self.aio.call_soon(self.aio.stop)  # after the coroutines those failures woke have recorded them
