@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import logging
 import time
 from collections import deque
 from concurrent.futures import Future
@@ -26,15 +25,14 @@ from typing import Callable
 from rose.errors import EngineError
 from rose.runtime.coserve.backlog import OfferBound
 from rose.runtime.coserve.rollout_request import RolloutRequest as _Rollout
-from rose.runtime.coserve.serving_request import ServingRequest, deliver, fail_all
+from rose.runtime.coserve.serving_request import ServingRequest
 from rose.runtime.coserve.slo import SloController
+from rose.runtime.coserve.steps import step_rollout, step_serving
 from rose.runtime.coserve.swaps import RolloutSwaps
 from rose.runtime.coserve.views import rollout_view, serving_view
 from rose.runtime.engine.base import Engine, SamplingSpec
-from rose.runtime.engine.pending import absorb, engine_future, fail, settle
+from rose.runtime.engine.pending import engine_future, fail, settle
 from rose.runtime.engine.thread import CommandThread, build, warm_up
-
-logger = logging.getLogger("rose.coserve")
 
 
 class CoServingExecutor(CommandThread):
@@ -223,7 +221,7 @@ class CoServingExecutor(CommandThread):
         predicted = plan.serving_ms + self.controller.overhead_ms  # this iteration's period, as planned (ms)
         t_start = time.perf_counter()
         if self._serving_reqs:
-            serving_ms = self._step_serving(plan.serving_tokens, plan.serving_admits, plan.serving_prefill)
+            serving_ms = step_serving(self, plan.serving_tokens, plan.serving_admits, plan.serving_prefill)
         if self.swaps.due:
             # A load slice takes the rollout step's place: the time serving leaves this iteration, and no
             # more with no serving request, so one that arrives meanwhile waits one slice at most.
@@ -231,7 +229,7 @@ class CoServingExecutor(CommandThread):
             rollout_ms = self.swaps.advance(min(plan.budget_ms - serving_ms + plan.serving_ms, cap))
             predicted = None  # a load slice has no step prediction to check
         elif plan.rollout_step and self._running:
-            rollout_ms = self._step_rollout(len(self._running), admitted, context)
+            rollout_ms = step_rollout(self, len(self._running), admitted, context)
             predicted += plan.rollout_ms
             # More decode steps where the plan found them room; a serving request arriving ends them. Each is
             # checked against the period's time so far, as measured: a step slower than predicted takes its
@@ -253,7 +251,7 @@ class CoServingExecutor(CommandThread):
                     self.stats["steps_cut"] += 1
                     break
                 predicted += step_ms
-                rollout_ms += self._step_rollout(len(self._running), admitted, context)
+                rollout_ms += step_rollout(self, len(self._running), admitted, context)
         self._waited = 0 if rollout_ms or not self._running else self._waited + 1
         # The period a decoding serving request sees: from one serving step to the next.
         if serving_ms and self._last_serving_step is not None:
@@ -290,39 +288,3 @@ class CoServingExecutor(CommandThread):
         r.engine_id, r.admitted_at = eid, next(self._admissions)
         self._running[eid] = r
         return True
-
-    def _step_serving(self, planned_tokens: int, admitted: int, prefill: int) -> float:
-        t0, c0 = time.perf_counter(), time.thread_time()
-        try:
-            outs = self.serving.step()
-        except Exception as e:  # the requests in it fail with the reason; the executor serves on
-            logger.exception("serving engine step failed; failing %d serving requests", len(self._serving_reqs))
-            self.serving.abort(list(self._serving_reqs))
-            fail_all(self._serving_reqs, f"serving engine step failed: {e}")
-            return (time.perf_counter() - t0) * 1e3
-        t1 = self._timed("serving", t0, c0)
-        self.controller.serving_model.observe(planned_tokens, (t1 - t0) * 1e3, admitted, prefill)
-        self.stats["serving_tokens"] += deliver(self._serving_reqs, outs, t1)
-        return (t1 - t0) * 1e3
-
-    def _timed(self, kind: str, t0: float, c0: float) -> float:
-        t1 = time.perf_counter()
-        self.stats[f"{kind}_wall_ms"] += (t1 - t0) * 1e3
-        self.stats[f"{kind}_cpu_ms"] += (time.thread_time() - c0) * 1e3
-        return t1
-
-    def _step_rollout(self, seqs: int, admitted: int = 0, context: int = 0) -> float:
-        t0, c0 = time.perf_counter(), time.thread_time()
-        try:
-            outs = self.rollout.step()
-        except Exception as e:  # its requests fail, retryable (the agent loop sends them again)
-            logger.exception("rollout engine step failed; failing %d rollout requests", len(self._running))
-            self.rollout.abort(list(self._running))
-            failed, self._running = list(self._running.values()), {}
-            fail(failed, f"rollout engine step failed: {e}", retryable=True)
-            return (time.perf_counter() - t0) * 1e3
-        t1 = self._timed("rollout", t0, c0)
-        self.controller.rollout_model.observe(seqs, (t1 - t0) * 1e3, admitted, context)
-        self.stats["rollout_steps"] += 1
-        self.stats["rollout_tokens"] += absorb(self._running, outs, self.rollout.weight_version, t1)
-        return (t1 - t0) * 1e3

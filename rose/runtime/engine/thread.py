@@ -70,22 +70,15 @@ def bind_thread(name: str, cores: tuple[int, ...] | None) -> None:
             logger.warning("cannot bind %s to cores %s: %s", name, cores, e)
 
 
-class CommandThread:
-    """A daemon thread running an asyncio loop that owns engines. Subclasses set their state, then call
-    `_start`, and implement `_build`, `_has_work`, `_apply`, `_work`, `_closing` and `_drop`.
-
-    Other threads hand it commands (`_command`), applied in order at the start of the next unit of work
-    (an engine iteration: `_work`). Each unit is a callback queued behind the callbacks already ready,
-    so coroutines on the loop (`run`: a rollout group's agent loops) take their turn between two units,
-    on this thread, and never contend with an iteration for the interpreter and the core."""
+class LoopThread:
+    """A daemon thread, bound to `cores`, that builds its engines (`_build`) and then runs an asyncio loop
+    until `close`. Coroutines run on it with `run`; a subclass's engine work runs there as callbacks."""
 
     def _start(self, name: str, cores: tuple[int, ...] | None) -> None:
+        """Start the thread; returns once its engines are built (raises what building them raised)."""
         self.cores = cores  # the thread (the one that runs the engines' kernels) is bound to these
         self._lock = threading.Lock()
-        self._commands: list = []  # (kind, payload), taken by the thread
-        self._woken = False  # a wake-up for the commands is queued on the loop (under _lock)
         self._closed = False
-        self._turn_at: asyncio.Handle | None = None  # the next unit of work, when one is queued
         self.aio: asyncio.AbstractEventLoop | None = None  # the thread's event loop
         self._start_error: BaseException | None = None
         ready = threading.Event()
@@ -107,8 +100,7 @@ class CommandThread:
         return threading.get_ident() == self._thread.ident
 
     def close(self, timeout: float = 10.0) -> None:
-        """Stop the thread: commands not applied are dropped (`_drop`), unfinished work fails
-        (`_closing`), coroutines still on the loop are cancelled."""
+        """Stop the thread: unfinished work fails (`_closing`), coroutines still on the loop are cancelled."""
         with self._lock:
             closing, self._closed = not self._closed, True
         if closing:
@@ -118,39 +110,11 @@ class CommandThread:
                 pass
         self._thread.join(timeout)
 
-    def _command(self, kind: str, payload) -> None:
-        with self._lock:
-            if self._closed:
-                raise EngineError(f"{self._thread.name} is closed")
-            self._commands.append((kind, payload))
-            wake, self._woken = not self._woken, True
-        if wake:
-            if self.on_loop():
-                self.aio.call_soon(self._wake)
-            else:
-                self.aio.call_soon_threadsafe(self._wake)
-
-    # ---------------------------------------------------------------- the thread
     def _build(self) -> None:
         """Build the engines (on this thread)."""
 
-    def _has_work(self) -> bool:
-        raise NotImplementedError
-
-    def _apply(self, kind: str, payload) -> None:
-        """Apply one command."""
-        raise NotImplementedError
-
-    def _work(self) -> float:
-        """One unit of work; returns the seconds to wait before the next (0: at once)."""
-        raise NotImplementedError
-
     def _closing(self) -> None:
         """Fail what is unfinished."""
-
-    def _drop(self, kind: str, payload, reason: str) -> None:
-        """Resolve a command that will never be applied (the thread is closing): fail its future."""
-        raise NotImplementedError
 
     def _run(self, ready: threading.Event) -> None:
         bind_thread(self._thread.name, self.cores)
@@ -172,6 +136,54 @@ class CommandThread:
                 self.aio.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
         finally:
             self.aio.close()
+
+    def _shutdown(self) -> None:
+        self._closing()
+        self.aio.call_soon(self.aio.stop)  # after the coroutines those failures woke have recorded them
+
+
+class CommandThread(LoopThread):
+    """Engines on a `LoopThread` that other threads hand commands to. Subclasses set their state, then call
+    `_start`, and implement `_build`, `_has_work`, `_apply`, `_work`, `_closing` and `_drop`.
+
+    Commands (`_command`) are applied in order as soon as the loop takes them, between two units of work
+    (an engine iteration: `_work`). Each unit is a callback queued behind the callbacks already ready,
+    so coroutines on the loop (`run`: a rollout group's agent loops) take their turn between two units,
+    on this thread, and never contend with an iteration for the interpreter and the core."""
+
+    def _start(self, name: str, cores: tuple[int, ...] | None) -> None:
+        self._commands: list = []  # (kind, payload), taken by the thread
+        self._woken = False  # a wake-up for the commands is queued on the loop (under _lock)
+        self._turn_at: asyncio.Handle | None = None  # the next unit of work, when one is queued
+        super()._start(name, cores)
+
+    def _command(self, kind: str, payload) -> None:
+        with self._lock:
+            if self._closed:
+                raise EngineError(f"{self._thread.name} is closed")
+            self._commands.append((kind, payload))
+            wake, self._woken = not self._woken, True
+        if wake:
+            if self.on_loop():
+                self.aio.call_soon(self._wake)
+            else:
+                self.aio.call_soon_threadsafe(self._wake)
+
+    # ---------------------------------------------------------------- the thread
+    def _has_work(self) -> bool:
+        raise NotImplementedError
+
+    def _apply(self, kind: str, payload) -> None:
+        """Apply one command."""
+        raise NotImplementedError
+
+    def _work(self) -> float:
+        """One unit of work; returns the seconds to wait before the next (0: at once)."""
+        raise NotImplementedError
+
+    def _drop(self, kind: str, payload, reason: str) -> None:
+        """Resolve a command that will never be applied (the thread is closing): fail its future."""
+        raise NotImplementedError
 
     def _take(self) -> None:
         """Apply the commands that arrived, in order."""
@@ -204,5 +216,4 @@ class CommandThread:
             left, self._commands = self._commands, []
         for kind, payload in left:
             self._drop(kind, payload, f"{self._thread.name} closed before this {kind} command applied")
-        self._closing()
-        self.aio.call_soon(self.aio.stop)  # after the coroutines those failures woke have recorded them
+        super()._shutdown()
