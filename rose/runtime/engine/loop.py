@@ -26,16 +26,17 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import threading
 import time
 from collections import deque
 from concurrent.futures import Future
-from typing import Callable
+from typing import Callable, Coroutine
 
 from rose.errors import EngineError
 from rose.runtime.engine.base import Engine, SamplingSpec
 from rose.runtime.engine.batching import BatchHold, hold_s
 from rose.runtime.engine.pending import PendingRollout, absorb, engine_future, fail, settle
-from rose.runtime.engine.thread import LoopThread, build
+from rose.runtime.engine.thread import bind_thread, build, run_until_stopped
 
 logger = logging.getLogger("rose.engine")
 
@@ -50,7 +51,7 @@ START_QUIET_S = 0.015
 START_MAX_S = 0.06
 
 
-class EngineLoop(LoopThread):
+class EngineLoop:
     """Steps `engine` on a daemon thread running an asyncio loop: a `RolloutEngine`. Thread-safe."""
 
     def __init__(self, engine: Engine | Callable[[], Engine], name: str = "rose-engine-loop",
@@ -59,7 +60,7 @@ class EngineLoop(LoopThread):
         so that the engine's per-thread settings (vLLM's CPU thread binding, OpenMP thread count)
         apply to the thread that runs its kernels. `hold`: when to wait for the turns about to come
         back before stepping (rose/runtime/engine/batching.py); None steps at once."""
-        self._factory = engine
+        self.cores = cores  # the thread (the one that runs the engine's kernels) is bound to these
         self._hold_cfg = hold
         self._last_batch = 0  # requests pending when the last iteration began
         self._step_end = 0.0  # perf_counter seconds when it ended
@@ -67,16 +68,24 @@ class EngineLoop(LoopThread):
         self._burst_at: float | None = None  # perf_counter seconds a burst reached the idle engine, until it steps
         self._last_arrival: float | None = None  # perf_counter seconds of the latest request since then
         self.engine: Engine | None = None
+        self.aio: asyncio.AbstractEventLoop | None = None  # the thread's event loop
         self._pending: dict[str, PendingRollout] = {}  # by engine request id; loop thread only
         # Commands that wait for the requests in flight (a weight load), and every command after one.
         self._deferred: deque = deque()
         self._tick_at: asyncio.Handle | None = None  # the next step, when one is scheduled
+        self._closed = False
         self._ids = itertools.count()
         # Counters (written by the loop thread only).
         self.iterations = 0  # engine steps
         self.rollout_tokens = 0  # tokens generated
         self.busy_s = 0.0  # seconds spent inside engine.step()
-        self._start(name, cores)
+        self._start_error: BaseException | None = None
+        ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(engine, ready), name=name, daemon=True)
+        self._thread.start()
+        ready.wait()
+        if self._start_error is not None:
+            raise self._start_error
 
     # ---------------------------------------------------------------- public API (any thread)
     def generate(self, prompt_token_ids: list[int], spec: SamplingSpec, request_id: str | None = None) -> Future:
@@ -93,6 +102,17 @@ class EngineLoop(LoopThread):
         fut = self.aio.create_future()
         self._add(self._rid(request_id), list(prompt_token_ids), spec, fut)
         return fut
+
+    def run(self, coro: Coroutine) -> Future:
+        """Run `coro` on this loop (rollouts that send their turns with `agenerate`)."""
+        if self._closed:
+            coro.close()
+            raise EngineError(f"{self._thread.name} is closed")
+        return asyncio.run_coroutine_threadsafe(coro, self.aio)
+
+    def on_loop(self) -> bool:
+        """Whether the caller runs on this loop's thread."""
+        return threading.get_ident() == self._thread.ident
 
     def load_weights(self, named_tensors: dict, version: int) -> Future:
         """Swap all weights between two iterations, once the requests in flight have finished (their
@@ -116,6 +136,17 @@ class EngineLoop(LoopThread):
             return 0.0
         return time.perf_counter() - self._beat
 
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop the thread: unfinished requests and commands fail with EngineError, rollouts still
+        running on the loop are cancelled."""
+        if not self._closed:
+            self._closed = True
+            try:
+                self.aio.call_soon_threadsafe(self._shutdown)
+            except RuntimeError:  # the loop has already ended
+                pass
+        self._thread.join(timeout)
+
     def _rid(self, request_id: str | None) -> str:
         return f"{request_id or 'req'}#{next(self._ids)}"  # unique even when a caller retries an id
 
@@ -131,15 +162,25 @@ class EngineLoop(LoopThread):
             raise EngineError(f"{self._thread.name} is closed") from None
 
     # ---------------------------------------------------------------- loop thread
-    def _build(self) -> None:
-        self.engine = build(self._factory)
+    def _run(self, engine, ready: threading.Event) -> None:
+        bind_thread(self._thread.name, self.cores)
+        try:
+            self.engine = build(engine)
+            self.aio = asyncio.new_event_loop()
+        except BaseException as e:  # surfaces in __init__
+            self._start_error = e
+            return
+        finally:
+            ready.set()
+        run_until_stopped(self.aio)
 
-    def _closing(self) -> None:  # unfinished requests and commands fail with EngineError
+    def _shutdown(self) -> None:
         fail(self._pending.values(), "engine loop closed with the request unfinished")
         self._pending.clear()
         for kind, args in self._deferred:
             settle(args[-1], EngineError(f"{self._thread.name} closed before this {kind} command applied"))
         self._deferred.clear()
+        self.aio.call_soon(self.aio.stop)  # after the rollouts those failures woke have recorded them
 
     def _add(self, rid: str, prompt: list[int], spec: SamplingSpec, fut) -> None:
         if self._closed:

@@ -1,7 +1,7 @@
 """A daemon thread that owns engines and runs an asyncio loop; other threads hand it commands.
 
-The co-serving executor's (a serving and a rollout engine); `bind_thread` and `build` serve the
-engine loop too (rose/runtime/engine/loop.py). The engines are built on the thread itself, so their
+The co-serving executor's (a serving and a rollout engine); `bind_thread`, `build` and
+`run_until_stopped` serve the engine loop too (rose/runtime/engine/loop.py). The engines are built on the thread itself, so their
 per-thread settings (vLLM's CPU thread binding, OpenMP thread count) apply to the thread that runs
 their kernels. The thread's loop then alternates: apply the commands that arrived, do one unit of
 work (an engine iteration), let the coroutines that are ready run (the rollouts the iteration woke),
@@ -59,6 +59,21 @@ def background(fn: Callable, name: str, cores: tuple[int, ...] | None = None) ->
 
     threading.Thread(target=run, name=name, daemon=True).start()
     return fut
+
+
+def run_until_stopped(aio: asyncio.AbstractEventLoop) -> None:
+    """Run `aio` on the calling thread until it is stopped; then cancel the coroutines still on it, let
+    them end, and close it."""
+    asyncio.set_event_loop(aio)
+    try:
+        aio.run_forever()
+        tasks = asyncio.all_tasks(aio)
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            aio.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+    finally:
+        aio.close()
 
 
 def bind_thread(name: str, cores: tuple[int, ...] | None) -> None:
@@ -126,16 +141,7 @@ class LoopThread:
             return
         finally:
             ready.set()
-        asyncio.set_event_loop(self.aio)
-        try:
-            self.aio.run_forever()
-            tasks = asyncio.all_tasks(self.aio)
-            for t in tasks:
-                t.cancel()
-            if tasks:
-                self.aio.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
-        finally:
-            self.aio.close()
+        run_until_stopped(self.aio)
 
     def _shutdown(self) -> None:
         self._closing()
