@@ -7,11 +7,12 @@ arrives meanwhile, or a period that has used its budget as measured, cuts the ex
 Each step's measured time feeds the controller's latency model. A preempted rollout sequence later
 resumes from its prompt plus the tokens it had, as a new engine request for what is left; its caller
 sees one `Generation`. Rollout callers see a `RolloutEngine`, as on a dedicated worker, so the agent
-loop runs unchanged on a serving worker, and a rollout group's agent loops run on the executor's own
-thread between its iterations (`run`, `agenerate`; the thread's asyncio loop: thread.py), as they do on
-a dedicated worker's engine loop: on another thread they contended with the executor's steps. Weight loads reach the rollout engine only (never the serving
-model), in slices that fit the TPOT budget, between serving steps (`swaps.py`). The controller sees
-both engines' real KV caches (vLLM's block pools) every iteration (`views.py`).
+loop runs unchanged on a serving worker; a rollout group's agent loops run on the executor's own thread
+between its iterations (`run`, `agenerate`; the thread's asyncio loop: thread.py), as on a dedicated
+worker's engine loop, rather than on the worker's event loop, where they took their turns inside the
+executor's steps. Weight loads reach the rollout engine only (never the serving model), in slices that
+fit the TPOT budget, between serving steps (`swaps.py`). The controller sees both engines' real KV
+caches (vLLM's block pools) every iteration (`views.py`).
 """
 from __future__ import annotations
 

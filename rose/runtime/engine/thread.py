@@ -1,11 +1,12 @@
 """A daemon thread that owns engines and runs an asyncio loop; other threads hand it commands.
 
 The co-serving executor's (a serving and a rollout engine); `bind_thread`, `build` and
-`run_until_stopped` serve the engine loop too (rose/runtime/engine/loop.py). The engines are built on the thread itself, so their
-per-thread settings (vLLM's CPU thread binding, OpenMP thread count) apply to the thread that runs
-their kernels. The thread's loop then alternates: apply the commands that arrived, do one unit of
-work (an engine iteration), let the coroutines that are ready run (the rollouts the iteration woke),
-and wait when there is nothing to do. Commands are applied in order, between iterations.
+`run_until_stopped` serve the engine loop too (rose/runtime/engine/loop.py). The engines are built on
+the thread itself, so their per-thread settings (vLLM's CPU thread binding, OpenMP thread count) apply
+to the thread that runs their kernels. The thread's loop then alternates: apply the commands that
+arrived, do one unit of work (an engine iteration), let the coroutines that are ready run (the rollouts
+the iteration woke), and wait when there is nothing to do. Commands are applied in order, between
+iterations.
 """
 from __future__ import annotations
 
