@@ -86,12 +86,21 @@ def bind_thread(name: str, cores: tuple[int, ...] | None) -> None:
             logger.warning("cannot bind %s to cores %s: %s", name, cores, e)
 
 
-class LoopThread:
+class CommandThread:
     """A daemon thread, bound to `cores`, that builds its engines (`_build`) and then runs an asyncio loop
-    until `close`. Coroutines run on it with `run`; a subclass's engine work runs there as callbacks."""
+    until `close`; other threads hand it commands. Subclasses set their state, then call `_start`, and
+    implement `_build`, `_has_work`, `_apply`, `_work`, `_closing` and `_drop`.
+
+    Commands (`_command`) are applied in order as soon as the loop takes them, between two units of work
+    (an engine iteration: `_work`). Each unit is a callback queued behind the callbacks already ready,
+    so coroutines on the loop (`run`: a rollout group's agent loops) take their turn between two units,
+    on this thread, and never contend with an iteration for the interpreter and the core."""
 
     def _start(self, name: str, cores: tuple[int, ...] | None) -> None:
         """Start the thread; returns once its engines are built (raises what building them raised)."""
+        self._commands: list = []  # (kind, payload), taken by the thread
+        self._woken = False  # a wake-up for the commands is queued on the loop (under _lock)
+        self._turn_at: asyncio.Handle | None = None  # the next unit of work, when one is queued
         self.cores = cores  # the thread (the one that runs the engines' kernels) is bound to these
         self._lock = threading.Lock()
         self._closed = False
@@ -116,7 +125,8 @@ class LoopThread:
         return threading.get_ident() == self._thread.ident
 
     def close(self, timeout: float = 10.0) -> None:
-        """Stop the thread: unfinished work fails (`_closing`), coroutines still on the loop are cancelled."""
+        """Stop the thread: commands not applied are dropped (`_drop`), unfinished work fails (`_closing`),
+        coroutines still on the loop are cancelled."""
         with self._lock:
             closing, self._closed = not self._closed, True
         if closing:
@@ -143,26 +153,6 @@ class LoopThread:
         finally:
             ready.set()
         run_until_stopped(self.aio)
-
-    def _shutdown(self) -> None:
-        self._closing()
-        self.aio.call_soon(self.aio.stop)  # after the coroutines those failures woke have recorded them
-
-
-class CommandThread(LoopThread):
-    """Engines on a `LoopThread` that other threads hand commands to. Subclasses set their state, then call
-    `_start`, and implement `_build`, `_has_work`, `_apply`, `_work`, `_closing` and `_drop`.
-
-    Commands (`_command`) are applied in order as soon as the loop takes them, between two units of work
-    (an engine iteration: `_work`). Each unit is a callback queued behind the callbacks already ready,
-    so coroutines on the loop (`run`: a rollout group's agent loops) take their turn between two units,
-    on this thread, and never contend with an iteration for the interpreter and the core."""
-
-    def _start(self, name: str, cores: tuple[int, ...] | None) -> None:
-        self._commands: list = []  # (kind, payload), taken by the thread
-        self._woken = False  # a wake-up for the commands is queued on the loop (under _lock)
-        self._turn_at: asyncio.Handle | None = None  # the next unit of work, when one is queued
-        super()._start(name, cores)
 
     def _command(self, kind: str, payload) -> None:
         with self._lock:
@@ -223,4 +213,5 @@ class CommandThread(LoopThread):
             left, self._commands = self._commands, []
         for kind, payload in left:
             self._drop(kind, payload, f"{self._thread.name} closed before this {kind} command applied")
-        super()._shutdown()
+        self._closing()
+        self.aio.call_soon(self.aio.stop)  # after the coroutines those failures woke have recorded them
