@@ -9,23 +9,25 @@ from rose.runtime.engine.fake import FakeEngine
 
 
 class PreemptOnce(SloController):
-    """Admits everything; on iteration `at`, preempts every running rollout sequence."""
+    """Admits the rollout sequences together once `n` wait, then preempts all of them once each has
+    `after` tokens generated. Decided by what the plans see, not by when the caller's thread runs."""
 
-    def __init__(self, at: int):
+    def __init__(self, n: int, prompt: int, after: int):
         super().__init__(SloConfig(ttft_ms=1000, tpot_ms=1000))
-        self.at, self.n = at, 0
+        self.n, self.at, self.done = n, prompt + after, False
 
     def plan(self, serving, rollout):
-        self.n += 1
-        if self.n == self.at:
-            return IterationPlan(serving.decoding, 0.0, False,
-                                 rollout_preempt=tuple(r.request_id for r in rollout.running))
-        return IterationPlan(serving.decoding, 0.0, True, rollout_admit=tuple(r.request_id for r in rollout.waiting),
-                             rollout_tokens=len(rollout.running) + len(rollout.waiting))
+        running = rollout.running
+        if not self.done and len(running) == self.n and all(r.kv_tokens >= self.at for r in running):
+            self.done = True
+            return IterationPlan(serving.decoding, 0.0, False, rollout_preempt=tuple(r.request_id for r in running))
+        admit = tuple(r.request_id for r in rollout.waiting) if self.done or len(rollout.waiting) == self.n else ()
+        return IterationPlan(serving.decoding, 0.0, bool(running or admit), rollout_admit=admit,
+                             rollout_tokens=len(running) + len(admit))
 
 
 def test_preempted_rollouts_resume_without_lost_or_duplicated_tokens():
-    ex = CoServingExecutor(FakeEngine(), FakeEngine(), PreemptOnce(at=4))
+    ex = CoServingExecutor(FakeEngine(), FakeEngine(), PreemptOnce(n=3, prompt=3, after=4))
     try:
         futs = [ex.generate([1, 2, 3], SamplingSpec(max_tokens=10), request_id=f"r{i}") for i in range(3)]
         served = ex.serve([4, 5], SamplingSpec(max_tokens=6))
@@ -198,11 +200,18 @@ def test_a_weight_load_applies_in_slices_between_serving_steps_and_rollouts_see_
 
 
 class KvServing(FakeEngine):
-    """A serving engine with room for `capacity` requests' KV; more wait and need KV (128 tokens each)."""
+    """A serving engine with room for `capacity` requests' KV; more wait and need KV (128 tokens each).
+    Its requests make no progress while `go` is clear, so a burst is all in it at once however the
+    caller's thread is scheduled."""
 
     def __init__(self, capacity: int):
         super().__init__(max_model_len=512)
         self.capacity = capacity
+        self.go = threading.Event()
+        self.go.set()
+
+    def step(self):
+        return super().step() if self.go.is_set() else []
 
     def kv_state(self):
         from rose.runtime.engine.vllm_engine import KvState
@@ -226,9 +235,10 @@ class GatedEngine(FakeEngine):
 
 
 def test_serving_short_of_kv_preempts_rollouts_newest_first_and_they_resume():
-    rollout = GatedEngine(max_model_len=512)
-    ex = CoServingExecutor(KvServing(capacity=2), rollout, SloController(SloConfig(ttft_ms=60_000, tpot_ms=60_000)))
+    rollout, serving = GatedEngine(max_model_len=512), KvServing(capacity=2)
+    ex = CoServingExecutor(serving, rollout, SloController(SloConfig(ttft_ms=60_000, tpot_ms=60_000)))
     rollout.go.clear()  # built and warmed up: from here the rollouts wait for the burst
+    serving.go.clear()  # and the burst's requests wait until all of it is in
     try:
         futs = [ex.generate([1, 2, 3], SamplingSpec(max_tokens=200), request_id=f"r{i}") for i in range(4)]
         while sum(e[1] == "admit" for e in ex.events) < 4:
@@ -237,7 +247,8 @@ def test_serving_short_of_kv_preempts_rollouts_newest_first_and_they_resume():
         deadline = time.monotonic() + 10
         while not any(e[1] == "preempt" for e in ex.events) and time.monotonic() < deadline:
             time.sleep(0.001)
-        rollout.go.set()  # preempted or not (the asserts below tell), the rollouts may now run
+        rollout.go.set()  # preempted or not (the asserts below tell), both engines may now run
+        serving.go.set()
         gens = [f.result(timeout=10) for f in futs]
         for s in burst:
             s.collect(timeout=10)
