@@ -144,6 +144,11 @@ def run_bench(args: list[str], rows_out: str | None = None) -> list[dict]:
     print(f"running {' '.join(args)} ...", flush=True)
     p = subprocess.run([sys.executable, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     print(p.stdout[-3000:], flush=True)
+    # Its per-window lines (coserve_slo prints each window's attainment and executor counters to stderr):
+    # what a bad figure needs to be explained afterwards
+    for line in p.stderr.splitlines():
+        if line.startswith(("  round ", "serving capacity")):
+            print(line, flush=True)
     if p.returncode:
         raise SystemExit(f"{args[0]} failed ({p.returncode}):\n{p.stderr[-3000:]}")
     rows = []
