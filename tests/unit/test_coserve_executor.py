@@ -199,30 +199,8 @@ def test_a_weight_load_applies_in_slices_between_serving_steps_and_rollouts_see_
         ex.close()
 
 
-class KvServing(FakeEngine):
-    """A serving engine with room for `capacity` requests' KV; more wait and need KV (128 tokens each).
-    Its requests make no progress while `go` is clear, so a burst is all in it at once however the
-    caller's thread is scheduled."""
-
-    def __init__(self, capacity: int):
-        super().__init__(max_model_len=512)
-        self.capacity = capacity
-        self.go = threading.Event()
-        self.go.set()
-
-    def step(self):
-        return super().step() if self.go.is_set() else []
-
-    def kv_state(self):
-        from rose.runtime.engine.vllm_engine import KvState
-
-        over = max(0, len(self._reqs) - self.capacity)
-        free = 128 * max(0, self.capacity - len(self._reqs))
-        return KvState(free, 128 * over, 128 * self.capacity, min(1.0, len(self._reqs) / self.capacity))
-
-
 class GatedEngine(FakeEngine):
-    """A rollout engine whose requests make no progress while `go` is clear: on a busy host the
+    """An engine whose requests make no progress while `go` is clear: on a busy host the
     rollouts cannot all finish before the test's serving burst arrives. Open for the warm-up."""
 
     def __init__(self, **kw):
@@ -232,6 +210,22 @@ class GatedEngine(FakeEngine):
 
     def step(self):
         return super().step() if self.go.is_set() else []
+
+
+class KvServing(GatedEngine):
+    """A serving engine with room for `capacity` requests' KV; more wait and need KV (128 tokens each).
+    Gated as above, so a burst is all in it at once however the caller's thread is scheduled."""
+
+    def __init__(self, capacity: int):
+        super().__init__(max_model_len=512)
+        self.capacity = capacity
+
+    def kv_state(self):
+        from rose.runtime.engine.vllm_engine import KvState
+
+        over = max(0, len(self._reqs) - self.capacity)
+        free = 128 * max(0, self.capacity - len(self._reqs))
+        return KvState(free, 128 * over, 128 * self.capacity, min(1.0, len(self._reqs) / self.capacity))
 
 
 def test_serving_short_of_kv_preempts_rollouts_newest_first_and_they_resume():
