@@ -56,13 +56,13 @@ def one(cfg: SimConfig):
 
 
 # What each of ROSE's extensions contributes: rose as the runtime runs by default, then with one switch
-# changed at a time (tail migration and the learnt margin are off by default, so they are switched
+# changed at a time (tail migration is off by default, so it is switched
 # on), on two paper-scale setups at the slow 20 Gbit/s link (where sync matters) and a tail-bound one
 # where ideal gains least, rose's best split there.
 ABLATIONS = (("defaults", {}), ("synchronous (staleness 0)", {"staleness": 0}),
              ("one rollout step a serving step", {"coserve_steps": 1}),
-             ("at most 16 rollout steps a serving step", {"coserve_steps": 16}),
-             ("learnt TPOT margin (off by default)", {"slo_learn_margin": True}),
+             ("at most 8 rollout steps a serving step", {"coserve_steps": 8}),
+             ("fixed TPOT margin (15 %)", {"slo_learn_margin": False}),
              ("tail migration on", {"migrate_tail": True}),
              ("dense sync", {"sparse_sync": False}),
              ("no relays", {"relays": False}), ("dense sync, no relays", {"sparse_sync": False, "relays": False}))

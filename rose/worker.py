@@ -57,8 +57,9 @@ def _parse_cores(value: str | None) -> tuple[int, ...] | None:
 @click.option("--rose-http-host", default="127.0.0.1", show_default=True, help="serving role: address to listen on")
 @click.option("--rose-ttft-ms", type=float, default=1000.0, show_default=True, help="serving role: TTFT SLO")
 @click.option("--rose-tpot-ms", type=float, default=100.0, show_default=True, help="serving role: TPOT SLO")
-@click.option("--rose-learn-margin", is_flag=True, default=False,
-              help="serving role: learn the share of the TPOT budget rollout leaves unused (SloConfig.learn_margin)")
+@click.option("--rose-learn-margin/--rose-fixed-margin", default=True, show_default=True,
+              help="serving role: learn the share of the TPOT budget rollout leaves unused, or keep it at "
+                   "SloConfig.margin (SloConfig.learn_margin)")
 @click.option("--rose-rollout-seqs", type=int, default=64, show_default=True,
               help="serving role: at most this many rollout sequences in flight (the memory budget)")
 @click.option("--rose-serving-engine", default=None, help="serving role: its engine, e.g. "

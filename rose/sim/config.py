@@ -57,11 +57,11 @@ class SimConfig:
     ttft_ms: float = 500.0
     tpot_ms: float = 150.0
     slo_margin: float = 0.15  # SloConfig.margin (the learnt margin's prior)
-    slo_learn_margin: bool = False  # SloConfig.learn_margin (off: the margin stays slo_margin)
+    slo_learn_margin: bool = True  # SloConfig.learn_margin (off: the margin stays slo_margin)
     # What a co-serving iteration costs beyond its two engine steps (the executor's own work, the HTTP
     # front end; ms): the runtime's controller learns it (`observe_iteration`) and budgets for it
     coserve_overhead_ms: float = 0.0
-    coserve_steps: int = 8  # SloConfig.max_rollout_steps: rollout steps between two serving steps at most
+    coserve_steps: int = 16  # SloConfig.max_rollout_steps: rollout steps between two serving steps at most
     # --- links (Gbit/s)
     intra_gbit: float = 400.0  # each instance's NIC inside a cluster
     inter_gbit: float = 200.0  # between clusters (job <-> serving, job <-> cloud)

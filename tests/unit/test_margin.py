@@ -67,7 +67,7 @@ def test_a_learnt_margin_widens_the_rollout_budget_and_a_fixed_one_does_not():
 def test_bad_margin_bounds_are_named_and_the_bounds_always_hold_the_prior():
     learner = SloController(SloConfig(ttft_ms=500, tpot_ms=100, margin=0.0, learn_margin=True)).margin_learner
     assert (learner.floor, learner.margin, learner.ceiling) == (0.0, 0.0, 0.4)
-    fixed = SloController(SloConfig(ttft_ms=500, tpot_ms=100)).margin_learner  # off by default
+    fixed = SloController(SloConfig(ttft_ms=500, tpot_ms=100, learn_margin=False)).margin_learner
     assert (fixed.floor, fixed.margin, fixed.ceiling) == (0.15, 0.15, 0.15)
     with pytest.raises(ConfigError, match="margin_min"):
         SloConfig(ttft_ms=500, tpot_ms=100, margin_min=-0.1)
@@ -77,8 +77,10 @@ def test_bad_margin_bounds_are_named_and_the_bounds_always_hold_the_prior():
         SloConfig(ttft_ms=500, tpot_ms=100, margin_window=0)
 
 
-def test_a_serving_worker_learns_its_margin_when_started_with_the_flag():
+def test_a_serving_worker_learns_its_margin_unless_started_with_a_fixed_one():
     from rose.worker import dask_setup
     ctx = dask_setup.make_context("dask_setup", ["--rose-role", "serving", "--rose-learn-margin"])
     assert ctx.params["rose_learn_margin"] is True
-    assert dask_setup.make_context("dask_setup", ["--rose-role", "serving"]).params["rose_learn_margin"] is False
+    assert dask_setup.make_context("dask_setup", ["--rose-role", "serving"]).params["rose_learn_margin"] is True
+    fixed = dask_setup.make_context("dask_setup", ["--rose-role", "serving", "--rose-fixed-margin"])
+    assert fixed.params["rose_learn_margin"] is False

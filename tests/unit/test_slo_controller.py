@@ -233,12 +233,11 @@ def test_a_loose_tpot_budget_holds_several_rollout_steps_a_strict_one_alternates
     loose = SloController(SloConfig(ttft_ms=1000, tpot_ms=150), serving_model=_model(8, 0.05),
                           rollout_model=_model(9, 0.1))
     plan = loose.plan(serving, RolloutView(running))
-    # budget 150 * 0.85 - serving 8.4 = 119 ms; a step of 16 sequences 10.6 ms: 11 fit, capped at 8
-    assert plan.rollout_step and plan.rollout_steps == 8
-    assert loose.steps_beside(8, 16) == 8
-    wide = SloController(SloConfig(ttft_ms=1000, tpot_ms=150, max_rollout_steps=16), serving_model=_model(8, 0.05),
-                         rollout_model=_model(9, 0.1))
-    assert wide.plan(serving, RolloutView(running)).rollout_steps == wide.steps_beside(8, 16) == 11
+    # budget 150 * 0.85 - serving 8.4 = 119 ms; a step of 16 sequences 10.6 ms: 11 fit (the cap is 16)
+    assert plan.rollout_step and plan.rollout_steps == loose.steps_beside(8, 16) == 11
+    capped = SloController(SloConfig(ttft_ms=1000, tpot_ms=150, max_rollout_steps=8), serving_model=_model(8, 0.05),
+                           rollout_model=_model(9, 0.1))
+    assert capped.plan(serving, RolloutView(running)).rollout_steps == capped.steps_beside(8, 16) == 8
     strict = SloController(SloConfig(ttft_ms=1000, tpot_ms=150, max_rollout_steps=1), serving_model=_model(8, 0.05),
                            rollout_model=_model(9, 0.1))
     assert strict.plan(serving, RolloutView(running)).rollout_steps == 1

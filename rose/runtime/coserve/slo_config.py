@@ -16,14 +16,16 @@ class SloConfig:
     attainment: float = 0.99  # fraction of requests that must meet both
     # Fraction of the TPOT budget rollout leaves unused, for prediction error. With learn_margin, `margin`
     # until the executor has measured enough iterations, then the time its periods run past their
-    # predictions, within [margin_min, margin_max] widened to hold `margin` (`MarginLearner`). Off by
-    # default: co-served attainment held with it on this host, but two of four end-to-end runs beside a
-    # training core, with it and 16 rollout steps, fell to 0.96-0.97 (RESULTS.md, coserve_slo and
-    # elastic_e2e; which of the two, or the host, was not measured apart).
+    # predictions, within [margin_min, margin_max] widened to hold `margin` (`MarginLearner`); without,
+    # `margin` always. On by default: with it and 16 rollout steps the runtime kept the serving SLO in
+    # every end-to-end run and in every co-serving run at 8-43 % of capacity since the serving worker's
+    # agent loops run on its executor's thread, but one (0.56, in an hour when serving alone fell to
+    # 0.64-0.81; RESULTS.md, coserve_slo). On one core here it harvests about what the fixed margin does;
+    # the simulator's tail-bound setups gain most from the two (benchmarks/SIMULATION.md).
     margin: float = 0.15
     margin_min: float = 0.05
     margin_max: float = 0.4
-    learn_margin: bool = False
+    learn_margin: bool = True
     margin_window: int = 16  # iterations a serving request's TPOT averages over (about its output tokens)
     ttft_guard: float = 0.5  # a waiting request older than this fraction of ttft_ms stops rollout steps
     # Iterations in a row a running rollout batch too slow for this iteration's budget may wait before
@@ -33,9 +35,10 @@ class SloConfig:
     # A serving step per rollout step costs the rollout a serving step for every token; where the
     # TPOT budget holds several rollout steps (loose SLOs, fast devices), running them back to back
     # keeps the serving request inside its budget and gives rollout the time serving does not need.
-    # 8: with 16, end-to-end runs here beside a training core kept the serving SLO less often
-    # (RESULTS.md, elastic_e2e), though the simulator gains from 16 in tail-bound setups.
-    max_rollout_steps: int = 8
+    # Each step past the first is checked against the period measured so far (the executor), so a higher
+    # cap moves only what the budget allows: in tail-bound setups (small batches, cheap steps) 8 left
+    # most of a loose budget to extra serving steps (the simulator: benchmarks/SIMULATION.md).
+    max_rollout_steps: int = 16
 
     def __post_init__(self):
         c = "SloConfig"
