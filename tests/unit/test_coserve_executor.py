@@ -134,21 +134,24 @@ def test_with_build_off_thread_the_rollout_engine_is_built_while_serving_goes_on
 
 class SlicedEngine(FakeEngine):
     """A rollout engine whose weight loads apply in `slices` steps (like `VllmEngine.stage_weights`);
-    logs each slice and each step, and refuses to step mid-load (its model would be half swapped)."""
+    logs each slice and each step, and refuses to step mid-load (its model would be half swapped).
+    With `controller` set, each slice also records the controller's margin when it was given its budget."""
 
     def __init__(self, log: list, slices: int = 6):
         super().__init__()
-        self.log, self.slices, self.mid_load = log, slices, False
+        self.log, self.slices, self.mid_load, self.controller = log, slices, False, None
 
     def stage_weights(self, named, version):
         engine = self
 
         class Load:
-            left, budgets = engine.slices, []
+            left, budgets, margins = engine.slices, [], []
 
             def advance(self, budget_ms):
                 engine.mid_load = True
                 self.budgets.append(budget_ms)
+                if engine.controller is not None:  # read on the executor's thread, as its cap was
+                    self.margins.append(engine.controller.margin)
                 self.left -= 1
                 engine.log.append(("slice", version))
                 if self.left == 0:
@@ -178,7 +181,8 @@ def test_a_weight_load_applies_in_slices_between_serving_steps_and_rollouts_see_
     log: list = []
     rollout = SlicedEngine(log)
     slo = SloConfig(ttft_ms=1000, tpot_ms=50)
-    ex = CoServingExecutor(LoggedServing(log), rollout, SloController(slo))
+    rollout.controller = SloController(slo)
+    ex = CoServingExecutor(LoggedServing(log), rollout, rollout.controller)
     try:
         served = ex.serve([1, 2], SamplingSpec(max_tokens=20_000))  # still decoding when the load applies
         load = ex.load_weights({}, 7)
@@ -190,8 +194,10 @@ def test_a_weight_load_applies_in_slices_between_serving_steps_and_rollouts_see_
         assert len(slices) == rollout.slices
         # serving stepped between the first and the last slice: the load never held it for all of its slices
         assert any(log[i][0] == "serving-step" for i in range(slices[0], slices[-1]))
-        # each slice was given at most what the TPOT budget leaves
-        assert all(b <= slo.tpot_ms * (1 - slo.margin) for b in rollout.last_load.budgets)
+        # each slice was given at most what the TPOT budget leaves under the margin learnt by then
+        sliced = rollout.last_load
+        assert len(sliced.margins) == len(sliced.budgets)
+        assert all(b <= slo.tpot_ms * (1 - m) for b, m in zip(sliced.budgets, sliced.margins))
         after_load = [v for k, v in log[slices[0]:] if k == "rollout-step"]
         assert after_load and set(after_load) == {7}
         assert [e[1:] for e in ex.events if e[1] == "load"] == [("load", 7, "begin"), ("load", 7, "done")]
