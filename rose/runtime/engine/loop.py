@@ -40,14 +40,19 @@ from rose.runtime.engine.thread import bind_thread, build, run_until_stopped
 
 logger = logging.getLogger("rose.engine")
 
-# An engine that was idle waits for a burst of requests to stop arriving (no arrival for START_QUIET_S,
-# at most START_MAX_S) before its first iteration. Why: a step's rollout tasks start one by one on the
-# worker's event loop, each handing its group to this loop, over 40-80 ms here; stepping at the first
-# arrival ran the first group's 8 turns alone for three iterations (~20 ms of a 0.8 s round of 256
-# guess episodes) while the other 31 groups started. The wait costs no work (the core is busy
-# starting those groups meanwhile); a lone request waits START_QUIET_S. Once the engine is busy,
-# arrivals join the next iteration.
+# An engine that was idle waits for a burst of requests to stop arriving before its first iteration.
+# Why: a step's rollout tasks start one by one on the worker's event loop, each handing its group to
+# this loop (`run`), over 40-80 ms on a slow host; stepping at the first arrival ran the first group's
+# 8 turns alone for three iterations (~20 ms of a 0.8 s round of 256 guess episodes) while the other
+# 31 groups started. So the first iteration waits until no hand-off from another thread has come for
+# START_QUIET_S and no request at all for START_LOOP_QUIET_S (at most START_MAX_S in all). The two
+# differ because the groups' first turns are made here, on this thread, one callback after another:
+# once they stop for a moment, every group handed over so far has sent its turns (a wait of
+# START_QUIET_S after the last of them idled the core for 15 ms a round on a fast host). The wait costs
+# no work (the core is busy starting those groups meanwhile); a lone request waits START_QUIET_S.
+# Once the engine is busy, arrivals join the next iteration.
 START_QUIET_S = 0.015
+START_LOOP_QUIET_S = 0.002
 START_MAX_S = 0.06
 
 
@@ -67,9 +72,15 @@ class EngineLoop:
         self._beat = 0.0  # perf_counter seconds of the last iteration's end, or of an arrival at an idle engine
         self._burst_at: float | None = None  # perf_counter seconds a burst reached the idle engine, until it steps
         self._last_arrival: float | None = None  # perf_counter seconds of the latest request since then
+        self._handoff_at = 0.0  # perf_counter seconds another thread last handed this loop work (run, generate)
         self.engine: Engine | None = None
         self.aio: asyncio.AbstractEventLoop | None = None  # the thread's event loop
         self._pending: dict[str, PendingRollout] = {}  # by engine request id; loop thread only
+        # Requests in `_pending` not yet in the engine: (id, prompt, sampling). Added together just before
+        # the next iteration, as a caller of vLLM in lockstep adds a turn's requests after stepping every
+        # environment: interleaved with the agent loops' work, an add took 60-70 us on a dedicated
+        # worker (Zen 5 host, 256 guess episodes a round), together 45-55 us.
+        self._unsent: list[tuple[str, list[int], SamplingSpec]] = []
         # Commands that wait for the requests in flight (a weight load), and every command after one.
         self._deferred: deque = deque()
         self._tick_at: asyncio.Handle | None = None  # the next step, when one is scheduled
@@ -108,6 +119,7 @@ class EngineLoop:
         if self._closed:
             coro.close()
             raise EngineError(f"{self._thread.name} is closed")
+        self._handoff_at = time.perf_counter()
         return asyncio.run_coroutine_threadsafe(coro, self.aio)
 
     def on_loop(self) -> bool:
@@ -156,6 +168,7 @@ class EngineLoop:
         if self.on_loop():
             fn(*args)
             return
+        self._handoff_at = time.perf_counter()
         try:
             self.aio.call_soon_threadsafe(fn, *args)
         except RuntimeError:  # closed between the check and the call
@@ -177,6 +190,7 @@ class EngineLoop:
     def _shutdown(self) -> None:
         fail(self._pending.values(), "engine loop closed with the request unfinished")
         self._pending.clear()
+        self._unsent.clear()
         for kind, args in self._deferred:
             settle(args[-1], EngineError(f"{self._thread.name} closed before this {kind} command applied"))
         self._deferred.clear()
@@ -192,11 +206,7 @@ class EngineLoop:
             self._add_now(rid, prompt, spec, fut)
 
     def _add_now(self, rid: str, prompt: list[int], spec: SamplingSpec, fut) -> None:
-        try:
-            self.engine.add_request(rid, prompt, spec)
-        except Exception as e:  # the caller's request was bad; the loop keeps serving others
-            settle(fut, e)
-            return
+        self._unsent.append((rid, prompt, spec))
         self._last_arrival = time.perf_counter()
         if not self._pending:
             self._beat = self._last_arrival
@@ -251,12 +261,23 @@ class EngineLoop:
             self._drain()
         self._schedule()
 
+    def _send(self) -> None:
+        """Add the requests queued since the last iteration to the engine. A request the engine refuses
+        (a prompt too long, bad tokens) fails alone; the loop keeps serving the others."""
+        unsent, self._unsent = self._unsent, []
+        for rid, prompt, spec in unsent:
+            try:
+                self.engine.add_request(rid, prompt, spec)
+            except Exception as e:
+                settle(self._pending.pop(rid).future, e)
+
     def _hold(self) -> float:
         now = time.perf_counter()
         if self._burst_at is not None:
             quiet, held = now - self._last_arrival, now - self._burst_at
-            if quiet < START_QUIET_S and held < START_MAX_S:
-                return min(START_QUIET_S - quiet, START_MAX_S - held)
+            wait = max(START_LOOP_QUIET_S - quiet, START_QUIET_S - (now - max(self._handoff_at, self._burst_at)))
+            if wait > 0 and held < START_MAX_S:
+                return min(wait, START_MAX_S - held)
             self._burst_at = None
         if self._hold_cfg is None:
             return 0.0
@@ -264,6 +285,9 @@ class EngineLoop:
         return hold_s(self._hold_cfg, len(self._pending), self._last_batch, now - self._step_end, since)
 
     def _step(self) -> None:
+        self._send()
+        if not self._pending:  # every request queued was refused
+            return
         self._last_batch = len(self._pending)
         t0 = time.perf_counter()
         try:

@@ -143,17 +143,25 @@ def engine_kwargs(model_dir: str, cfg: EngineConfig, max_model_len: int, seed: i
 
 class VllmEngine:
     def __init__(self, model_dir: str, cfg: EngineConfig, max_model_len: int, seed: int = 0,
-                 sleep_mode: bool = False, num_kv_blocks: int | None = None):
+                 sleep_mode: bool = False, num_kv_blocks: int | None = None, stream: bool = True):
         """`sleep_mode` (GPU hosts; untested here): the engine can free its device memory with `sleep`
         and take it back with `wake_up` (vLLM sleep mode), for a co-serving device under a burst.
         `num_kv_blocks`: the KV cache's size in blocks, overriding the size vLLM derives from
-        VLLM_CPU_KVCACHE_SPACE or `gpu_memory_utilization` (tests fill a small cache on purpose)."""
+        VLLM_CPU_KVCACHE_SPACE or `gpu_memory_utilization` (tests fill a small cache on purpose).
+        `stream`: `step` returns each request's tokens as they come. False: at its first token (its
+        `queue_s`) and at its end only (vLLM's per-request `stream_interval`), for a caller that never
+        needs a request's tokens before it ends (a dedicated worker's `EngineLoop`: weight loads wait
+        for the requests in flight, shedding waits for turn boundaries). vLLM builds an output object for
+        every streaming request at every iteration, and this class converts each. The co-serving
+        executor streams: serving requests go out token by token, and a preempted rollout resumes
+        from the tokens it has."""
         from vllm import SamplingParams
         from vllm.engine.arg_utils import EngineArgs
         from vllm.sampling_params import RequestOutputKind
         from vllm.v1.engine.llm_engine import LLMEngine
 
         self.max_model_len = max_model_len
+        self.stream = stream
         self._version = 0
         # Bound once: `vllm` resolves names lazily, and an import per request was ~7 % of add_request's
         # time (py-spy, 256 guess episodes a round).
@@ -192,6 +200,7 @@ class VllmEngine:
             logprobs=0,  # the sampled token's log-prob only
             detokenize=False,  # we decode with our own tokenizer
             output_kind=self._delta,
+            stream_interval=None if self.stream else max(1, min(spec.max_tokens, room)),
             skip_clone=True,  # made for this request alone: vLLM's defensive deep copy was 40 % of add_request
         )
         try:

@@ -62,7 +62,8 @@ class RolloutHost(Host):
                            self.address, len(self._engines) + 1, spec.model_dir)
         tokenizer = AutoTokenizer.from_pretrained(spec.model_dir)
         hold = BatchHold(max_s=spec.engine.batch_hold_ms / 1e3) if spec.engine.batch_hold_ms else None
-        loop = EngineLoop(lambda: VllmEngine(spec.model_dir, spec.engine, spec.max_model_len, seed=spec.seed),
+        loop = EngineLoop(lambda: VllmEngine(spec.model_dir, spec.engine, spec.max_model_len, seed=spec.seed,
+                                             stream=False),
                           name=f"rose-engine-{self.address}", cores=self.cores, hold=hold)
         return loop, tokenizer
 

@@ -1,0 +1,47 @@
+"""Run in its own process by tests/integration/test_engine_outputs.py: the same seeded request through a
+real vLLM engine behind the engine loop, streaming and not (`VllmEngine(stream=...)`). Prints one JSON
+line per mode: the tokens and log-probs the caller got, how many outputs the engine's iterations gave
+for it, and its queue and total seconds."""
+import json
+import os
+import sys
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+
+def main(model_dir: str) -> None:
+    from rose.config import EngineConfig
+    from rose.runtime.engine import EngineLoop, SamplingSpec
+    from rose.runtime.engine.vllm_engine import VllmEngine, configure_vllm_env
+
+    cfg = EngineConfig(dtype="float32")
+    configure_vllm_env(cfg)
+    loop = EngineLoop(lambda: VllmEngine(model_dir, cfg, 128, seed=0))
+    outputs: dict[str, int] = {}
+    step = loop.engine.step
+
+    def counted():  # on the loop's thread
+        outs = step()
+        for o in outs:
+            outputs[o.request_id] = outputs.get(o.request_id, 0) + 1
+        return outs
+
+    loop.engine.step = counted
+    seen = {}
+    try:
+        # A 4-token prompt fills no KV block, so the second request computes what the first did.
+        spec = SamplingSpec(max_tokens=24, temperature=1.0, seed=7)
+        for stream in (True, False):
+            loop.engine.stream = stream  # read by add_request, on the loop's thread, after this
+            g = loop.generate([1, 6, 9, 12], spec, request_id=f"stream-{stream}").result(timeout=300)
+            rid = next(k for k in outputs if k.startswith(f"stream-{stream}#"))
+            seen[str(stream)] = {"tokens": g.token_ids, "logprobs": g.logprobs, "versions": g.weight_versions,
+                                 "outputs": outputs[rid], "queue_s": g.queue_s, "total_s": g.total_s}
+    finally:
+        loop.close()
+    print(json.dumps(seen))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
