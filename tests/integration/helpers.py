@@ -1,3 +1,7 @@
+import json
+import os
+import subprocess
+import sys
 from dataclasses import replace
 
 import rose
@@ -22,3 +26,16 @@ def small_pipeline(env: str, model_env: str | None = None, groups: int = 4, grou
 
 def with_steps(p: rose.Pipeline, steps: int) -> rose.Pipeline:
     return replace(p, steps=steps)
+
+
+def run_engine_helper(script: str) -> dict:
+    """Run tests/helpers/`script` in its own process (a real vLLM engine in a process of its own) on the
+    guess model; returns the JSON of its last output line."""
+    from rose.envs import env_class
+    from rose.models import prepare_model
+
+    model_dir = prepare_model(rose.ModelConfig(), env_class("guess"), progress=False)
+    out = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "..", "helpers", script), model_dir],
+                         capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])

@@ -2,17 +2,13 @@
 with the reason, and nothing else. One small run covers an environment that raises, one that hangs,
 a prompt longer than the context and a reward function that returns NaN; a second check sends prompts
 that do not fit straight to a real engine loop."""
-import json
-import os
-import subprocess
-import sys
 import zlib
 
 import pytest
 
 import rose
 from tests.helpers.envs import BadInputsEnv
-from tests.integration.helpers import small_pipeline
+from tests.integration.helpers import run_engine_helper, small_pipeline
 
 pytestmark = pytest.mark.integration
 
@@ -56,15 +52,7 @@ def test_bad_envs_and_rewards_fail_their_own_trajectories_and_the_step_trains_on
 
 
 def test_a_real_engine_refuses_prompts_that_do_not_fit_and_serves_the_others():
-    from rose.envs import env_class
-    from rose.models import prepare_model
-
-    model_dir = prepare_model(rose.ModelConfig(), env_class("guess"), progress=False)
-    out = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "..", "helpers",
-                                                       "long_prompt_check.py"), model_dir],
-                         capture_output=True, text=True, timeout=900)
-    assert out.returncode == 0, out.stderr[-3000:]
-    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    seen = run_engine_helper("long_prompt_check.py")
     for k, n in (("over", 179), ("exact", 128)):
         assert not seen[k]["ok"] and seen[k]["error"].startswith(
             f"PromptTooLongError: prompt of {n} tokens leaves no room in max_model_len=128"), seen[k]

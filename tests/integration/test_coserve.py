@@ -11,15 +11,9 @@ pytestmark = pytest.mark.integration
 
 
 def test_preempted_rollouts_resume_exactly_while_serving_runs():
-    import rose
-    from rose.envs import env_class
-    from rose.models import prepare_model
+    from tests.integration.helpers import run_engine_helper  # here: this file also runs as a script
 
-    model_dir = prepare_model(rose.ModelConfig(), env_class("guess"), progress=False)
-    out = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "..", "helpers", "coserve_check.py"),
-                          model_dir], capture_output=True, text=True, timeout=900)
-    assert out.returncode == 0, out.stderr[-3000:]
-    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    seen = run_engine_helper("coserve_check.py")
     plain, pre = seen["plain"], seen["preempted"]
     assert plain["preemptions"] == 0 and pre["preemptions"] > 0
     # greedy decoding resumed from prompt + tokens so far gives the same tokens: none lost or repeated
