@@ -5,6 +5,8 @@ import pytest
 
 from tests.integration.helpers import run_engine_helper
 
+pytestmark = pytest.mark.integration
+
 
 def test_an_engine_that_does_not_stream_gives_the_same_generation_in_two_outputs():
     seen = run_engine_helper("stream_check.py")

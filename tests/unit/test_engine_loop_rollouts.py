@@ -68,6 +68,24 @@ def test_rollouts_on_the_loop_meet_in_every_iteration(tok, make):
         loop.close()
 
 
+def test_groups_handed_over_one_by_one_start_in_one_iteration(tok):
+    """A step's rollout tasks hand their groups to the idle loop one after another, from the worker's
+    thread (`run`). Each group's first turns are made on the loop at once; the first iteration waits
+    until the hand-offs stop, so it holds every group's turns, not the first group's alone."""
+    ok, nl = tok.vocab["ok"], tok.vocab["\n"]
+    engine = CountingEngine(vocab_size=len(tok.vocab), max_model_len=64, script={"": [ok, nl]})
+    loop = EngineLoop(engine)
+    try:
+        futs = []
+        for _ in range(4):
+            futs.append(loop.run(_group(loop, tok, 8, turns=1, max_turns=1)()))
+            time.sleep(0.003)  # longer than the loop's own quiet (START_LOOP_QUIET_S), well under START_QUIET_S
+        assert all(t.finish_reason == "done" for f in futs for t in f.result(10))
+        assert engine.batches[0] == 32
+    finally:
+        loop.close()
+
+
 def test_a_rollout_on_the_loop_gets_what_a_caller_on_another_thread_gets(tok, make):
     loop = make(_engine(tok))
     try:
