@@ -78,8 +78,8 @@ class EngineLoop:
         self._pending: dict[str, PendingRollout] = {}  # by engine request id; loop thread only
         # Requests in `_pending` not yet in the engine: (id, prompt, sampling). Added together just before
         # the next iteration, as a caller of vLLM in lockstep adds a turn's requests after stepping every
-        # environment: interleaved with the agent loops' work, an add took 60-70 us on a dedicated
-        # worker (Zen 5 host, 256 guess episodes a round), together 45-55 us.
+        # environment: interleaved with the agent loops' work, a first turn's add took 59-88 us on a
+        # dedicated worker (Zen 5 host, 256 guess episodes a round), together 46-55 us.
         self._unsent: list[tuple[str, list[int], SamplingSpec]] = []
         # Commands that wait for the requests in flight (a weight load), and every command after one.
         self._deferred: deque = deque()

@@ -191,8 +191,9 @@ class VllmEngine:
             raise PromptTooLongError(
                 f"prompt of {len(prompt_token_ids)} tokens leaves no room in max_model_len={self.max_model_len}",
                 request_id=request_id, prompt_tokens=len(prompt_token_ids))
+        max_tokens = min(spec.max_tokens, room)
         params = self._params(
-            max_tokens=min(spec.max_tokens, room),
+            max_tokens=max_tokens,
             temperature=spec.temperature,
             top_p=spec.top_p,
             stop_token_ids=list(spec.stop_token_ids),
@@ -200,7 +201,7 @@ class VllmEngine:
             logprobs=0,  # the sampled token's log-prob only
             detokenize=False,  # we decode with our own tokenizer
             output_kind=self._delta,
-            stream_interval=None if self.stream else max(1, min(spec.max_tokens, room)),
+            stream_interval=None if self.stream else max_tokens,  # not streaming: the first token, then the end
             skip_clone=True,  # made for this request alone: vLLM's defensive deep copy was 40 % of add_request
         )
         try:
