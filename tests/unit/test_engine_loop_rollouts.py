@@ -86,6 +86,38 @@ def test_groups_handed_over_one_by_one_start_in_one_iteration(tok):
         loop.close()
 
 
+def test_groups_handed_over_as_the_last_ones_end_start_in_one_iteration(tok):
+    """Asynchronous steps: the next step's groups are handed over as the last groups' slots free, the
+    first of them while the engine's last iteration for those groups still runs. That first group's
+    turns reach the engine just after it empties; they wait for the others, as from idle, and do not
+    run alone (three iterations, out of phase with the rest for the whole round)."""
+    ok, nl = tok.vocab["ok"], tok.vocab["\n"]
+    began, release = threading.Event(), threading.Event()
+
+    class Gated(CountingEngine):
+        def step(self):
+            if len(self.batches) == 1:  # the first group's last iteration: held until the test lets it go
+                began.set()
+                release.wait(10)
+            return super().step()
+
+    engine = Gated(vocab_size=len(tok.vocab), max_model_len=64, script={"": [ok, nl]})
+    loop = EngineLoop(engine)
+    try:
+        first = loop.run(_group(loop, tok, 8, turns=1, max_turns=1)())
+        assert began.wait(10)
+        futs = [loop.run(_group(loop, tok, 8, turns=1, max_turns=1)())]  # during the last iteration
+        release.set()
+        first.result(10)
+        for _ in range(3):
+            futs.append(loop.run(_group(loop, tok, 8, turns=1, max_turns=1)()))
+            time.sleep(0.003)  # longer than the loop's own quiet (START_LOOP_QUIET_S), well under START_QUIET_S
+        assert all(t.finish_reason == "done" for f in futs for t in f.result(10))
+        assert engine.batches[:3] == [8, 8, 32]
+    finally:
+        loop.close()
+
+
 def test_a_rollout_on_the_loop_gets_what_a_caller_on_another_thread_gets(tok, make):
     loop = make(_engine(tok))
     try:
