@@ -12,7 +12,7 @@ from rose.graph.ops import Op, register_op
 from rose.ops.reward import apply_reward
 from rose.ops.reward_model import needs_reward_worker
 from rose.ops.reward_shapes import Reward, Rewards, shape_of
-from rose.ops.rollout import RolloutSpec, finish_rollout, run_rollout
+from rose.ops.rollout import RolloutSpec, run_rollout
 from rose.ops.train import sync_weights, train_metrics, train_step
 from rose.runtime.protocol import ROLLOUT_KEY_PREFIX, Annotation
 from rose.runtime.trajectory import TRAJECTORY_SCHEMA
@@ -66,9 +66,9 @@ class PromptsOp(Op):
 
 @register_op
 class RolloutOp(Op):
-    """One task per GRPO group on a rollout worker, placed by the scheduler's ROSE plugin, plus a cheap
-    task that resolves its continuations when the group is shed (`finish_rollout`); retried with the
-    same key and trajectory ids."""
+    """One task per GRPO group on a rollout worker, placed by the scheduler's ROSE plugin; a group shed
+    from its worker resumes elsewhere and its task returns when the whole group is done (`run_rollout`);
+    retried with the same key and trajectory ids."""
 
     name = "rollout"
     phase = "rollout"
@@ -80,20 +80,16 @@ class RolloutOp(Op):
         groups: dict[int, list[RolloutSpec]] = {}
         for spec in inputs["specs"]:
             groups.setdefault(spec.group_id, []).append(spec)
-        tasks, finishes, outs = [], [], []
+        tasks = []
         for group_id, specs in groups.items():
             key = ROLLOUT_KEY_PREFIX + task_key(ctx, node, f"g{group_id}")
             # What the placement plugin reads: rollout tasks, their width in sequences, the weight version
             # their engine must hold (synchronous mode: this step's), and the fairness group.
             annotations = {Annotation.ROLE: "rollout", Annotation.WIDTH: len(specs),
                            Annotation.VERSION: ctx.weight_version, Annotation.GROUP: f"{ctx.graph}/{ctx.step}"}
-            tasks.append(TaskSpec(key, run_rollout, (tuple(specs), key), role="rollout",
+            tasks.append(TaskSpec(key, run_rollout, (tuple(specs), key, annotations), role="rollout",
                                   retries=node.params.get("retries", 2), annotations=annotations))
-            done = TaskSpec(task_key(ctx, node, f"g{group_id}-done"), finish_rollout, (Ref(key), key, annotations))
-            finishes.append(done)
-            outs.append(Ref(done.key))
-        # Rollouts first, then finishes: each kind then goes to the scheduler as one batch.
-        return tasks + finishes, {"trajectories": outs}
+        return tasks, {"trajectories": [Ref(t.key) for t in tasks]}
 
 
 @register_op

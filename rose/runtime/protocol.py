@@ -14,6 +14,7 @@ from rose.config import EngineConfig
 
 PLUGIN_NAME = "rose"  # name of the scheduler plugin and of the worker plugin
 TOPIC = "rose-capacity"  # Worker.log_event topic of worker reports
+YIELDED_OP = "rose-yielded"  # worker -> scheduler stream message: a shed rollout task running there holds no slots
 ROLES = ("trainer", "dedicated", "serving", "reward")  # what `--rose-role` accepts
 ROLLOUT_ROLES = ("dedicated", "serving")  # roles whose workers run rollouts
 DEFAULT_SITE = "default"  # network site of a worker started without --rose-site

@@ -89,6 +89,8 @@ def test_capacity_drop_stops_dispatch_and_shed_rollouts_finish_elsewhere(two_wor
     state = plugin_state(client)
     assert state["workers"][a]["dispatched"] == dispatched_a  # nothing new went to the drained worker
     assert state["workers"][a]["shed"] >= 1 and state["workers"][a]["inflight"] == 0
+    # each group shed there gave its slots back as it stopped, before its trajectories ended on `b`
+    assert 1 <= state["workers"][a]["yielded"] <= state["workers"][a]["shed"]
     # A shed trajectory names both workers: it began on `a` and ended on `b`.
     turn_workers = report.trajectories["turn_workers"].to_pylist()
     moved = [tw for tw in turn_workers if a in tw and b in tw]

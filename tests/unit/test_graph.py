@@ -93,8 +93,8 @@ def test_lowering_fans_out_and_annotates():
     low = lower(g, ctx)
     rollouts = [t for t in low.tasks if t.key.startswith("rose-rollout-")]
     assert len(rollouts) == 3  # one task per GRPO group
-    finishes = [t for t in low.tasks if t.key.endswith("-done")]
-    assert [f.args[1] for f in finishes] == [t.key for t in rollouts]  # each resolves its group's continuations
+    assert low.keys_of("rollout", "trajectories") == [t.key for t in rollouts]  # a group's task gives its rows
+    assert all(t.args[2] is t.annotations for t in rollouts)  # what a shed group resumes with
     assert all(t.annotations["rose-width"] == 2 and t.annotations["rose-group"] == "g/4" for t in rollouts)
     ids = [s.trajectory_id for t in rollouts for s in t.args[0]]
     assert len(set(ids)) == 6 and "s4-g2-i1" in ids

@@ -186,6 +186,24 @@ def test_a_finished_shed_task_counts_as_shed_returned():
     assert "a" not in book.tasks and "b" in book.tasks
 
 
+def test_a_shed_task_that_yields_frees_its_slots_while_it_waits_for_its_group():
+    """A shed group's task stays running at Dask while its continuation runs elsewhere; its slots are
+    free from its word (`on_yielded`), and its end later frees nothing twice."""
+    book = make_book(dedicated(slots=16), serving(slots=8), shed_after_s=0.0)
+    run_task(book, "a", D, 8, now=1.0)
+    run_task(book, "b", D, 8, now=1.5)
+    assert book.on_report(D, dedicated(slots=8), 2.0, RUNNING, "drop")[-1] == Shed(D, ("b",), "over-slots")
+    assert book.on_yielded("b", S, "wrong-worker") == [] and book.where["b"] == D  # a word from elsewhere
+    assert book.on_yielded("b", D, "b-yielded") == [Dispatch("b-yielded")]
+    assert book.counts[f"shed-returned@{D}"] == 1 and book.counts[f"yielded@{D}"] == 1
+    assert set(book.inflight[D]) == {"a"} and not book.shedding[D] and book.slot(D, RUNNING).used == 8
+    book.on_parked([RolloutTask(resume_key("b", 1), 5)], 2.5, "park-resume")
+    assert book.dispatch([resume_key("b", 1)], 2.5, RUNNING, "d") == [Assignment(resume_key("b", 1), S, "serving")]
+    assert book.on_finished("b", "memory", "b-done") == [Dispatch("b-done")]  # its group is done
+    assert book.counts[f"memory@{D}"] == 0 and set(book.inflight[D]) == {"a"}
+    assert book.on_yielded("b", D, "late") == []
+
+
 def test_tasks_waiting_with_no_rollout_worker_warn_once():
     book = make_book(WorkerReport(T, "trainer"))
     book.on_parked([RolloutTask("a", 4)], 1.0, "graph-1")

@@ -122,15 +122,26 @@ class PlacementBook:
 
     def on_finished(self, key: str, finish_state: str, stimulus_id: str) -> list[Instruction]:
         """A managed task left processing: `finish_state` memory, erred, or released (its worker left)."""
+        return self._release(key, finish_state, stimulus_id)
+
+    def _release(self, key: str, how: str, stimulus_id: str) -> list[Instruction]:
+        """`key`'s slots are free: it finished (`how`: memory, erred, released) or yielded them."""
         addr = self.where.pop(key, None)
         if addr is not None and self.inflight.get(addr, {}).pop(key, None) is not None:
             if key in self.shedding[addr]:
                 self.shedding[addr].discard(key)
                 self.counts[f"shed-returned@{addr}"] += 1
-            self.counts[f"{finish_state}@{addr}"] += 1
-        if finish_state != "memory":
+            self.counts[f"{how}@{addr}"] += 1
+        if how not in ("memory", "yielded"):
             self.migrating.pop(group_of(key), None)  # no continuation will come
         return [Dispatch(stimulus_id)]
+
+    def on_yielded(self, key: str, addr: str, stimulus_id: str) -> list[Instruction]:
+        """Managed task `key`, still running on `addr`, was shed there and holds no slots any more: its
+        continuation is on its way to be parked (the task ends when its group is done elsewhere)."""
+        if self.where.get(key) != addr:
+            return []  # finished already, or a late word from a worker it no longer runs on
+        return self._release(key, "yielded", stimulus_id)
 
     def on_forgotten(self, key: str) -> None:
         self.tasks.pop(key, None)
@@ -279,6 +290,7 @@ class PlacementBook:
             workers[addr] = {"role": r.role, "site": r.site, "slots": r.slots, "used": w.used if w else 0,
                              "inflight": len(self.inflight.get(addr, {})), "weight_version": r.weight_version,
                              "model": r.model, "shed": self.counts[f"shed@{addr}"],
+                             "yielded": self.counts[f"yielded@{addr}"],
                              "migrated": self.counts[f"migrated@{addr}"],
                              "dispatched": self.counts[f"dispatched@{addr}"], "slo_met": r.slo_met,
                              "slo_requests": r.slo_requests, "elastic": bool(r.elastic),

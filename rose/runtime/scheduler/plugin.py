@@ -9,8 +9,9 @@ Park and dispatch:
 - On each report or rollout completion the book asks for a dispatch; it runs deferred with
   `loop.add_callback` (never re-entering `transitions` from inside a hook), pins each assigned task to
   its one worker and transitions it to processing. A task pinned to one worker is never stolen.
-- The book's `Shed` records go to their worker as a `rose-shed` message; each shed task returns a
-  continuation at its next turn boundary, which the graph resubmits and the book places elsewhere.
+- The book's `Shed` records go to their worker as a `rose-shed` message; each shed task stops at its
+  next turn boundary, says so (`rose-yielded`: its slots are free) and resubmits its continuation,
+  which the book places elsewhere; the task itself ends when its group is done.
 Dask worker resources are not used for capacity: the scheduler hands out all queued tasks at once and
 `set_resources` does not wake a worker's queue.
 """
@@ -24,7 +25,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from tornado.ioloop import PeriodicCallback
 
 from rose.runtime.placement import RolloutTask
-from rose.runtime.protocol import PLUGIN_NAME, TOPIC, Annotation, WorkerReport, is_rollout_task
+from rose.runtime.protocol import PLUGIN_NAME, TOPIC, YIELDED_OP, Annotation, WorkerReport, is_rollout_task
 from rose.runtime.scheduler.book import Dispatch, Instruction, PlacementBook, Shed
 
 logger = logging.getLogger("rose.scheduler")
@@ -79,6 +80,7 @@ class RoseScheduler(SchedulerPlugin):
         self.scheduler = scheduler
         scheduler.handlers["rose_state"] = self._h_state
         scheduler.handlers["rose_elastic_demand"] = self._h_elastic_demand
+        scheduler.stream_handlers[YIELDED_OP] = self._h_yielded
         self._pc = PeriodicCallback(self._tick, TICK_S * 1000)
         self._pc.start()
         for addr in list(scheduler.workers):  # a plugin added to a running scheduler
@@ -165,6 +167,11 @@ class RoseScheduler(SchedulerPlugin):
             self.book.on_bad_report(addr, str(e), now, stimulus_id)
             return
         self._apply(self.book.on_report(addr, report, now, self.running(), stimulus_id))
+
+    @_guarded
+    def _h_yielded(self, key=None, worker=None, **kwargs) -> None:
+        """A worker's shed rollout task holds no slots any more (it waits for its group to finish elsewhere)."""
+        self._apply(self.book.on_yielded(key, worker, f"rose-yielded-{time.time()}"))
 
     def running(self) -> "_Running":
         """The workers Dask counts as running (not paused, not closing), as the book asks: by address."""

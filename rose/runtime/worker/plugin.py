@@ -16,7 +16,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from rose.errors import ConfigError
 from rose.runtime.coserve.host import ServingConfig, ServingHost
-from rose.runtime.protocol import DEFAULT_SITE, PLUGIN_NAME, ROLES, TOPIC, ModelSpec, WorkerReport
+from rose.runtime.protocol import DEFAULT_SITE, PLUGIN_NAME, ROLES, TOPIC, YIELDED_OP, ModelSpec, WorkerReport
 from rose.runtime.weights.endpoint import WeightEndpoint
 from rose.runtime.worker.host import Host
 from rose.runtime.worker.process import tune_process
@@ -161,6 +161,13 @@ class RoseWorker(WorkerPlugin):
         """The worker a shed task's continuation should prefer: this one (its prefixes are cached here),
         unless the task was shed to move elsewhere."""
         return None if key is not None and key in self.migrating else self.address
+
+    def yield_slots(self, key: str | None) -> None:
+        """Tell the scheduler's placement plugin that rollout task `key`, still running here, holds no
+        slots any more: it was shed and waits for its group to finish elsewhere. Fire and forget (on the
+        worker's event loop); lost only with the connection, when the scheduler drops the worker anyway."""
+        if key is not None:
+            self.worker.batched_send({"op": YIELDED_OP, "key": key})
 
     def rollout_started(self, key: str | None, width: int) -> None:
         if key is not None:
