@@ -12,11 +12,13 @@ Throughput is generated tokens per wall second over the timed rounds after one w
 synchronous round's time is also split into the engine's own (its iterations: `LLMEngine.step` timed
 in the direct process, the engine loop's `busy_s` on ROSE's worker, read off the clock) and the rest,
 the path around the engine: where the two paths' times differ.
-`ratio` is for synchronous rounds (each round's rollouts submitted, run and gathered before the next:
-a synchronous step's rollout phase); `ratio_async` for the same rounds with the next one submitted
-while the current one runs (asynchronous steps keep one step's rollouts ahead), in blocks that
-alternate, mirrored, with the direct baseline running the same rounds. ROSE's clock stops when a
-round's trajectories are gathered at the driver.
+`ratio` is for synchronous rounds (each round's rollouts submitted, run and gathered before the next).
+That is a step's rollout phase in both of the runner's modes: an asynchronous step (`staleness=1`,
+rose/schedule.py) also starts its rollouts once the step before has its rollouts done, and only its
+training overlaps them (no trainer runs here). `ratio_async` is for the same rounds overlapped: the next
+one submitted while the current one runs (a caller that keeps a round queued), in blocks that alternate,
+mirrored, with the direct baseline running the same rounds. ROSE's clock stops when a round's
+trajectories are gathered at the driver (the runner gathers them later, off the rollout phase).
 
     python benchmarks/rollout_overhead.py [--quick]
 """
@@ -110,9 +112,9 @@ def run_both(model_dir, engine_cfg, max_len, rounds, n, seed):
     """Alternate rounds: direct round r, then ROSE round r (the same episodes), so that both paths see
     the same machine: on a shared host, throughput drifts by tens of percent from minute to minute.
     ROSE's round is its own path: a step graph (prompts -> rollout) lowered and submitted as the
-    runner does. Then the same rounds once more through ROSE asynchronously, in blocks (half the
+    runner does. Then the same rounds once more through ROSE overlapped, in blocks (half the
     rounds each; all of them below 4): each round's graph is submitted while the one before still runs
-    (at most two in flight, as `staleness=1` steps are); the direct baseline runs the same blocks,
+    (at most two in flight); the direct baseline runs the same blocks,
     mirrored (direct, rose, rose, direct). Returns ([(direct_tokens, direct_s, direct_engine_s, rose_tokens,
     rose_s, rose_engine_s)] per timed round, where *_engine_s is the time inside the engine's iterations,
     and (direct_tokens, direct_s, rose_tokens, rose_s) of the asynchronous phase)."""
@@ -170,7 +172,7 @@ def run_both(model_dir, engine_cfg, max_len, rounds, n, seed):
                 r_s = time.perf_counter() - t0
                 if r > 0:
                     results.append((d_tokens, d_s, d_engine_s, tokens(table), r_s, engine_busy_s() - busy0))
-            # Asynchronous: blocks of rounds, in each round r+1 submitted before round r is waited for;
+            # Overlapped: blocks of rounds, in each round r+1 submitted before round r is waited for;
             # a block's clock runs from its first submission to its last round's gather. The direct
             # baseline runs the same rounds (in lockstep, as it runs any round), block for block, in
             # mirrored order (direct, rose, rose, direct), so both sides do the same work in the same minutes.
@@ -253,8 +255,8 @@ def main():
           f"(target >= 0.8)")
     async_ratio = (a_tokens / a_s) / (ad_tokens / ad_s)
     print(f"{'async':<7}{ad_tokens / ad_s:>11.1f} tok/s{'':>4}{a_tokens / a_s:>10.1f} tok/s   ratio rose/direct = "
-          f"{async_ratio:.3f} (rounds 1..{rounds} in blocks, two in flight; direct: the same rounds, block for "
-          f"block, mirrored)\n")
+          f"{async_ratio:.3f} (rounds 1..{rounds} overlapped in blocks, two in flight; direct: the same rounds, "
+          f"block for block, mirrored)\n")
     print(json.dumps({"bench": "rollout_overhead", "rose_tok_s": round(rose_tok_s, 1),
                       "direct_tok_s": round(direct_tok_s, 1), "ratio": round(ratio, 3),
                       "rose_async_tok_s": round(a_tokens / a_s, 1), "ratio_async": round(async_ratio, 3),

@@ -87,10 +87,11 @@ def test_groups_handed_over_one_by_one_start_in_one_iteration(tok):
 
 
 def test_groups_handed_over_as_the_last_ones_end_start_in_one_iteration(tok):
-    """Asynchronous steps: the next step's groups are handed over as the last groups' slots free, the
-    first of them while the engine's last iteration for those groups still runs. That first group's
-    turns reach the engine just after it empties; they wait for the others, as from idle, and do not
-    run alone (three iterations, out of phase with the rest for the whole round)."""
+    """Groups waiting for slots (more groups than the worker's slots, or a round queued behind the running
+    one) are handed over as the running groups end, the first of them while the engine's last iteration
+    for those groups still runs. That first group's turns reach the engine just after it empties; they
+    wait for the others, as from idle, and do not run alone (three iterations, out of phase with the rest
+    for the whole round)."""
     ok, nl = tok.vocab["ok"], tok.vocab["\n"]
     began, release = threading.Event(), threading.Event()
 

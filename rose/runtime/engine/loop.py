@@ -52,9 +52,10 @@ logger = logging.getLogger("rose.engine")
 # no work (the core is busy starting those groups meanwhile); a lone request waits START_QUIET_S.
 # Once the engine is busy, arrivals join the next iteration. An arrival at an engine that has just emptied
 # is a turn the last iteration woke, unless a group was handed over since that iteration began: then it
-# is a new burst (asynchronous steps hand the next step's groups over as the last ones end; stepping the
-# first of them at once ran it alone for three iterations, out of phase with the rest for the round).
-# Measured on the Zen 5 host, rollout_overhead's asynchronous rounds went from 0.622-0.638 to 0.676-0.689.
+# is a new burst. Groups waiting for slots (a step with more groups than the worker has slots, or a round
+# queued behind the running one) are handed over as the running groups end; stepping the first of them at
+# once ran it alone for three iterations, out of phase with the rest for the round. On the Zen 5 host
+# rollout_overhead's overlapped rounds went from 0.622-0.638 to 0.676-0.689 of vLLM called directly.
 START_QUIET_S = 0.015
 START_LOOP_QUIET_S = 0.002
 START_MAX_S = 0.06
