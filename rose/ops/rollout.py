@@ -81,9 +81,9 @@ class Partial:
 
 @dataclass
 class Continuation:
-    """What a shed rollout task returns at once: its finished trajectories and where the others stopped.
-    `finish_rollout` resubmits it (`resume_rollout`) and the placement puts it elsewhere; its trajectory
-    ids stay those of `specs`, so nothing is lost or duplicated."""
+    """What a shed group's run gives at once: its finished trajectories and where the others stopped.
+    The group's first task resubmits it (`resume_rollout`) and the placement puts it elsewhere; its
+    trajectory ids stay those of `specs`, so nothing is lost or duplicated."""
 
     key: str  # the original rollout task's key
     attempt: int  # times this group has been shed so far (1 for the first continuation)
