@@ -256,7 +256,7 @@ async def run_rollout(specs: tuple[RolloutSpec, ...], key: str | None = None,
     wherever the placement puts them, until every trajectory is done; this task waits for them.
 
     Why here and not in a task of its own after this one: the common case (no shedding) then costs the
-    scheduler one task a group, not two (on the Zen 5 host, 8-10 ms of a round of 256 guess episodes).
+    scheduler one task a group, not two (on the Zen 5 host, about 10 ms of a round of 256 guess episodes).
     """
     result = await _run_group(specs, [None] * len(specs), key, 0)
     if isinstance(result, Continuation):
