@@ -89,7 +89,7 @@ def rank_main(rank: int, world: int, port: int, model_dir: str, rows: int, threa
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     base = _rss_now_mb()
     trainer = Trainer(model_dir, device="cpu")
-    cfg = GRPOConfig(lr=1e-5, inner_epochs=1)
+    cfg = GRPOConfig(lr=1e-5, inner_epochs=1, compute_dtype="float32")  # the 1e-5 target is float32's rounding
     t0, tokens = time.perf_counter(), 0
     for table in tables:
         trainer.step(table, cfg)

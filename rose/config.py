@@ -107,6 +107,7 @@ class EngineConfig:
 
 ALGORITHMS = ("grpo", "dapo")
 LOSS_AGG = ("token", "sequence")
+COMPUTE_DTYPES = ("auto", "float32", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -148,6 +149,10 @@ class GRPOConfig:
     max_tokens_per_microbatch: int | None = None
     # Recompute activations in the backward pass instead of keeping them (less memory, ~30 % more compute)
     gradient_checkpointing: bool = False
+    # The dtype of the trainer's forward and backward passes: "bfloat16" runs them under bf16 autocast
+    # (master weights, gradients and AdamW state stay float32), "float32" in float32; "auto": bf16 where
+    # the trainer's device computes it natively (CUDA with bf16; a CPU with AVX512-BF16 or AMX), else float32.
+    compute_dtype: str = "auto"
 
     def __post_init__(self):
         c = "GRPOConfig"
@@ -178,6 +183,8 @@ class GRPOConfig:
                      c, "max_tokens_per_microbatch", self.max_tokens_per_microbatch, "None or an int >= 1")
         config_check(isinstance(self.gradient_checkpointing, bool), c, "gradient_checkpointing",
                      self.gradient_checkpointing, "True or False")
+        config_check(self.compute_dtype in COMPUTE_DTYPES, c, "compute_dtype", self.compute_dtype,
+                     f"one of {COMPUTE_DTYPES}")
 
     @property
     def clip_upper(self) -> float:

@@ -1,9 +1,10 @@
 """The policy in training mode on the trainer worker: model, optimizer, one GRPO step per RL step.
 
-The model lives on the worker's device: its CUDA device where it has one (forward passes in bf16
-autocast, master weights and AdamW state in float32), the CPU otherwise. A step runs in micro-batches
-under `GRPOConfig.max_tokens_per_microbatch` (rose/runtime/microbatch.py), gradients accumulated, one
-optimizer step per inner epoch."""
+The model lives on the worker's device: its CUDA device where it has one, the CPU otherwise. Master
+weights, gradients and AdamW state are float32; forward and backward passes run under bf16 autocast
+where `GRPOConfig.compute_dtype` says so ("auto": where the device computes bf16 natively). A step runs
+in micro-batches under `GRPOConfig.max_tokens_per_microbatch` (rose/runtime/microbatch.py), gradients
+accumulated, one optimizer step per inner epoch."""
 from __future__ import annotations
 
 import contextlib
@@ -19,12 +20,19 @@ import torch
 
 from rose.config import GRPOConfig
 from rose.runtime.dapo import overlong_penalty, varied_groups
+from rose.runtime.engine.dtype import choose_dtype, native_bf16
 from rose.runtime.grpo import group_advantages, grpo_loss, token_logprobs
 from rose.runtime.sharding import (all_reduce, full_checkpoint_state, full_state_dict, load_optimizer_state,
                                    rank_passes, shard, world_and_rank)
 from rose.runtime.trajectory import flat_tokens
 
 TRAINER_STATE = "trainer.pt"  # in a checkpoint directory, beside the model's files
+# Passes at most this many tokens wide run attention on PyTorch's math kernel under bf16 autocast on a
+# CPU. The CPU flash-attention kernel's bf16 backward has a large fixed cost: forward + backward of a
+# causal attention (4 heads of 32) on one Zen 5 core (AVX512-BF16), bf16 flash against math: 28 vs 8 ms
+# at 128 x 30 tokens, 31 vs 14 at 64 x 64, 33 vs 22 at 32 x 128, 30 vs 42 at 16 x 256, 45 vs 113 at
+# 8 x 512. The math kernel holds (rows, heads, width, width) scores, which stays small at these widths.
+CPU_MATH_ATTENTION_MAX = 128
 
 
 def _pad(values: np.ndarray, offsets: np.ndarray, pad, dtype) -> torch.Tensor:
@@ -64,6 +72,7 @@ class Trainer:
         self._opt_state: dict | None = None  # a checkpoint's optimizer state, loaded when `opt` is made
         self._opt_by_name = False  # that state is keyed by parameter name (a sharded trainer's), not index
         self.pad_id = self.model.config.pad_token_id or 0
+        self._native_bf16: bool | None = None  # whether self.device computes bf16 natively; asked once
 
     def save(self, path: str) -> None:
         """Write everything the next step depends on into the (new, empty) directory `path`: the weights
@@ -134,6 +143,9 @@ class Trainer:
         n_tokens = max(float(mask.sum()), 1.0)
         metrics |= {"microbatches": len(passes), "zero_adv_groups": float((adv == 0).float().mean())}
 
+        if self._native_bf16 is None:
+            self._native_bf16 = native_bf16(self.device.type)
+        dtype = choose_dtype(cfg.compute_dtype, [self._native_bf16])
         self.model.train()
         losses, stats, old = [], {}, [None] * len(passes)
         mismatch, mismatch_max = 0.0, 0.0
@@ -144,7 +156,7 @@ class Trainer:
                 width = int(lengths[rows].max())
                 mb_ids, mb_mask, mb_behav, mb_adv = (x.to(self.device) for x in (
                     ids[rows, :width], mask[rows, :width], behav[rows, :width], adv[rows]))
-                with self._autocast():
+                with self._autocast(dtype, width):
                     logits = self.model(input_ids=mb_ids).logits
                 lp = token_logprobs(logits, mb_ids, self.temperature)
                 if epoch == 0:
@@ -179,11 +191,18 @@ class Trainer:
         """Every weight whole (sharded: gathered onto rank 0, the others get {}; a collective every rank calls)."""
         return full_state_dict(self.model) if self.world > 1 else self.model.state_dict()
 
-    def _autocast(self):
-        """bf16 autocast on a CUDA device (float32 master weights); nothing on the CPU."""
-        if self.device.type == "cuda":
-            return torch.autocast("cuda", dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+    def _autocast(self, dtype: str, width: int):
+        """The context of one pass `width` tokens wide: bf16 autocast where `dtype` is "bfloat16" (on a
+        CPU, attention on the math kernel up to CPU_MATH_ATTENTION_MAX tokens), nothing in float32."""
+        if dtype != "bfloat16":
+            return contextlib.nullcontext()
+        stack = contextlib.ExitStack()
+        stack.enter_context(torch.autocast(self.device.type, dtype=torch.bfloat16))
+        if self.device.type == "cpu" and width <= CPU_MATH_ATTENTION_MAX:
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            stack.enter_context(sdpa_kernel(SDPBackend.MATH))
+        return stack
 
 
 def _trainable(table: pa.Table, cfg: GRPOConfig) -> tuple[pa.Table, dict]:

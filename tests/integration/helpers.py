@@ -15,12 +15,17 @@ def small_pipeline(env: str, model_env: str | None = None, groups: int = 4, grou
                    **kwargs) -> rose.Pipeline:
     """An RL step graph like the shipped pipelines', smaller; `env` may be a 'module:Class' path."""
 
-    def build(step):
-        return rl_step(f"test-{env.rsplit(':', 1)[-1]}", env, groups, group_size, reward=reward_fn,
-                       **(build_kwargs or {}))
-
-    # float32 engines by default here: tests compare vLLM's log-probs with the trainer's exactly
+    # float32 engines and trainer passes by default here: tests compare vLLM's log-probs with the
+    # trainer's exactly (bf16 passes, GRPOConfig's "auto" on a CPU with AVX512-BF16, differ by ~2e-3)
     kwargs.setdefault("engine", FP32)
+    build_kwargs = dict(build_kwargs or {})
+    grpo = build_kwargs.get("grpo") or rose.GRPOConfig()
+    if grpo.compute_dtype == "auto":
+        build_kwargs["grpo"] = replace(grpo, compute_dtype="float32")
+
+    def build(step):
+        return rl_step(f"test-{env.rsplit(':', 1)[-1]}", env, groups, group_size, reward=reward_fn, **build_kwargs)
+
     return rose.Pipeline(name=f"test-{model_env or env}", env=model_env or env, build=build, steps=steps, **kwargs)
 
 

@@ -1,5 +1,6 @@
 """The sharded trainer (rose/runtime/sharding.py): rows split across ranks by tokens, as many passes on
-every rank, and 2 ranks over gloo (real processes) making the same update as one trainer."""
+every rank, and 2 ranks over gloo (real processes) making the same update as one trainer. The steps run
+in float32 (`compute_dtype`): the claim is the update's, to float32's rounding."""
 import socket
 
 import numpy as np
@@ -66,8 +67,8 @@ def _rank(rank, world, port, model_dir, out):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     trainer = Trainer(model_dir, device="cpu")
-    metrics = [trainer.step(_table(seed=s), GRPOConfig(lr=1e-3, inner_epochs=2, max_tokens_per_microbatch=150))
-               for s in range(2)]
+    cfg = GRPOConfig(lr=1e-3, inner_epochs=2, compute_dtype="float32", max_tokens_per_microbatch=150)
+    metrics = [trainer.step(_table(seed=s), cfg) for s in range(2)]
     weights = trainer.full_state_dict()
     if rank == 0:
         torch.save({"weights": weights, "metrics": metrics}, out)
@@ -83,7 +84,7 @@ def test_two_ranks_make_the_same_updates_as_one_trainer(tmp_path):
     _run_ranks(_rank, model_dir, out)
     sharded = torch.load(out)
     one = Trainer(model_dir, device="cpu")
-    metrics = [one.step(_table(seed=s), GRPOConfig(lr=1e-3, inner_epochs=2)) for s in range(2)]
+    metrics = [one.step(_table(seed=s), GRPOConfig(lr=1e-3, inner_epochs=2, compute_dtype="float32")) for s in range(2)]
     for a, b in zip(metrics, sharded["metrics"]):
         assert b["microbatches"] > 1
         for name in ("loss", "grad_norm", "logprob_mismatch", "clip_frac"):
@@ -104,7 +105,7 @@ def _rank_resumed(rank, world, port, model_dir, ckpt_in, ckpt_out):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     trainer = Trainer(model_dir, device="cpu")
     trainer.restore(ckpt_in)
-    trainer.step(_table(seed=1), GRPOConfig(lr=1e-3, inner_epochs=2))
+    trainer.step(_table(seed=1), GRPOConfig(lr=1e-3, inner_epochs=2, compute_dtype="float32"))
     trainer.save(ckpt_out)  # a collective: rank 0 writes
     dist.barrier()  # leave together: without it, rank 0 aborted at exit (SIGABRT) in 1 of 20 runs on a busy host
     dist.destroy_process_group()
@@ -117,7 +118,7 @@ def test_checkpoints_move_between_one_trainer_and_two_ranks(tmp_path):
     from rose.runtime.trainer import Trainer
 
     model_dir = _tiny_model(tmp_path)
-    cfg = GRPOConfig(lr=1e-3, inner_epochs=2)
+    cfg = GRPOConfig(lr=1e-3, inner_epochs=2, compute_dtype="float32")
     first = Trainer(model_dir, device="cpu")
     first.step(_table(seed=0), cfg)
     first.save(str(tmp_path / "c1"))

@@ -1,6 +1,7 @@
 """The trainer's micro-batches (rose/runtime/microbatch.py): the plan covers every row once within its
 token budget, and a step run in micro-batches makes the same update as the whole batch at once."""
 import random
+from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
@@ -65,9 +66,9 @@ def _table(seed=0, groups=4, size=4):
 def test_micro_batches_make_the_same_update(model_dir, agg):
     table = _table()
     whole, sliced = Trainer(model_dir, device="cpu"), Trainer(model_dir, device="cpu")
-    cfg = GRPOConfig(lr=1e-3, inner_epochs=2, loss_agg=agg)
+    cfg = GRPOConfig(lr=1e-3, inner_epochs=2, loss_agg=agg, compute_dtype="float32")
     m_whole = whole.step(table, cfg)
-    m_sliced = sliced.step(table, GRPOConfig(lr=1e-3, inner_epochs=2, loss_agg=agg, max_tokens_per_microbatch=60))
+    m_sliced = sliced.step(table, replace(cfg, max_tokens_per_microbatch=60))
     assert m_whole["microbatches"] == 1 and m_sliced["microbatches"] >= 5
     for name in ("loss", "grad_norm", "clip_frac", "tis_mean", "logprob_mismatch"):
         assert m_sliced[name] == pytest.approx(m_whole[name], rel=1e-4, abs=1e-6), name
@@ -87,9 +88,44 @@ def test_the_trainer_steps_on_the_gpu_as_on_the_cpu(model_dir):
     table = _table(seed=1)
     cpu, gpu = Trainer(model_dir, device="cpu"), Trainer(model_dir)
     assert gpu.device.type == "cuda" and next(gpu.model.parameters()).is_cuda
-    cfg = GRPOConfig(lr=1e-3, inner_epochs=2, max_tokens_per_microbatch=200)
-    m_cpu, m_gpu = cpu.step(table, cfg), gpu.step(table, cfg)
+    cfg = GRPOConfig(lr=1e-3, inner_epochs=2, max_tokens_per_microbatch=200, compute_dtype="float32")
+    m_cpu, m_gpu = cpu.step(table, cfg), gpu.step(table, replace(cfg, compute_dtype="bfloat16"))
     assert m_gpu["microbatches"] == m_cpu["microbatches"] > 1
     assert m_gpu["logprob_mismatch"] == pytest.approx(m_cpu["logprob_mismatch"], rel=0.05)
     for (name, a), b in zip(cpu.model.state_dict().items(), gpu.model.state_dict().values()):
         assert b.dtype == torch.float32 and torch.allclose(a, b.cpu(), atol=5e-3), name
+
+
+@pytest.mark.parametrize("width", [None, 400])
+def test_bf16_autocast_on_the_cpu_makes_float32s_update_to_bf16_rounding(model_dir, width):
+    # width 400: one row padded past CPU_MATH_ATTENTION_MAX, so its pass takes the flash-attention kernel
+    table = _table(seed=2)
+    if width:
+        ids = table["token_ids"].to_pylist()
+        longest = max(range(len(ids)), key=lambda i: len(ids[i]))
+        t = Trajectory(0, 0, 99, "guess", 0, "{}")
+        t.add_context([1] + [7] * (width - 11))
+        t.add_generated([9] * 10, [-1.0] * 10, [0] * 10)
+        t.finish_reason = "done"
+        table = pa.concat_tables([table, pa.Table.from_batches([to_batch([t], [table["reward"][longest].as_py()])])])
+    f32, b16 = Trainer(model_dir, device="cpu"), Trainer(model_dir, device="cpu")
+    cfg = GRPOConfig(lr=1e-3, inner_epochs=2, max_tokens_per_microbatch=300, compute_dtype="float32")
+    m32, m16 = f32.step(table, cfg), b16.step(table, replace(cfg, compute_dtype="bfloat16"))
+    assert m16["microbatches"] == m32["microbatches"] > 1
+    assert m16["logprob_mismatch"] == pytest.approx(m32["logprob_mismatch"], rel=0.01)
+    before = Trainer(model_dir, device="cpu").model.state_dict()
+    w32, w16 = f32.model.state_dict(), b16.model.state_dict()
+    assert all(w.dtype == torch.float32 for w in w16.values())  # master weights stay float32
+    # Adam's first updates are about +-lr an element whatever the gradient's size, so elements whose tiny
+    # gradients bf16 rounds the other way differ by up to twice a step: compare the updates' directions.
+    u32, u16 = (torch.cat([(w[n] - b).flatten() for n, b in before.items()]) for w in (w32, w16))
+    assert float(torch.nn.functional.cosine_similarity(u32, u16, dim=0)) > 0.95
+    assert not torch.equal(u32, u16)  # the passes did run in bf16: float32's would make the same update to the bit
+
+
+def test_auto_compute_dtype_follows_the_device():
+    from rose.runtime.engine.dtype import choose_dtype
+
+    assert choose_dtype("auto", [True]) == "bfloat16" and choose_dtype("auto", [False]) == "float32"
+    with pytest.raises(ValueError, match="compute_dtype"):
+        GRPOConfig(compute_dtype="float16")

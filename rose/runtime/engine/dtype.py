@@ -19,13 +19,14 @@ from typing import Iterable
 DTYPES = ("auto", "float32", "bfloat16")
 
 
-def native_bf16() -> bool:
-    """Whether this process's rollout device computes bf16 natively: a CUDA device that supports it, or
-    a CPU with AVX512-BF16 or AMX tiles."""
+def native_bf16(device_type: str | None = None) -> bool:
+    """Whether a device of this process computes bf16 natively: a CUDA device that supports it, or a
+    CPU with AVX512-BF16 or AMX tiles. `device_type` "cuda" or "cpu"; None: the rollout device (CUDA
+    where there is one, else the CPU)."""
     import torch
 
-    if torch.cuda.is_available():
-        return bool(torch.cuda.is_bf16_supported())
+    if device_type == "cuda" or (device_type is None and torch.cuda.is_available()):
+        return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
     cpu = getattr(torch, "cpu", None)
     checks = [getattr(cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
     return any(bool(check()) for check in checks if check is not None)
