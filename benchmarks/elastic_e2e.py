@@ -191,7 +191,8 @@ def run_policy(name: str, pipeline, cluster_cfg, steps: int, args, staleness: in
                duplicated=report.duplicated,
                failed=int(m["failed"].sum()), reward_last=float(m["reward_mean"].iloc[-5:].mean()),
                placement=report.trajectories["placement"].value_counts().to_pylist(),
-               workers={a: {k: w[k] for k in ("role", "slots", "dispatched", "shed", "elastic", "colocated")}
+               workers={a: {k: w[k] for k in ("role", "slots", "dispatched", "shed", "migrated", "yielded", "elastic",
+                                              "colocated")}
                         for a, w in state["workers"].items() if w["role"] != "trainer"},
                plugin_errors=state["errors"])
     return out

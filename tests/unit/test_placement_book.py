@@ -282,6 +282,21 @@ def test_the_tail_moves_off_a_serving_worker_once_a_dedicated_worker_has_room():
     assert book.dispatch(["old-resume1"], 7.0, RUNNING, "d1") == [Assignment("old-resume1", D, "dedicated")]
 
 
+def test_the_tail_moves_as_soon_as_a_train_step_gives_a_colocated_worker_its_slots_back():
+    book = make_book(dedicated(slots=16, colocated=True), serving(slots=32), migrate=True)
+    book.on_train_started("train-1", 1.0, RUNNING, "train-starts")
+    run_task(book, "old", S, 8, now=1.5)  # placed on the serving worker while the trainer trains
+    run_task(book, "new", S, 8, now=1.6)
+    assert book.on_room(2.0, RUNNING, "r0", waiting=0) == []  # still training: no room
+    book.on_train_finished("train-1", "train-ends")
+    assert book.on_room(2.1, RUNNING, "r1", waiting=1) == []  # tasks wait: they take the room first
+    assert book.on_room(2.1, RUNNING, "r2", waiting=0) == [Shed(S, ("old",), "migrate")]
+    assert book.on_room(2.2, RUNNING, "r3", waiting=0) == []  # asked once; "new" stays (batch no larger)
+    off = make_book(dedicated(slots=16, colocated=True), serving(slots=32))
+    run_task(off, "old", S, 8, now=1.5)
+    assert off.on_room(2.1, RUNNING, "r1", waiting=0) == []  # migration off
+
+
 def test_a_move_holds_its_room_so_one_free_slot_draws_one_task():
     book = make_book(dedicated(slots=8), serving(slots=32), migrate=True)
     run_task(book, "b", S, 8, now=1.0)

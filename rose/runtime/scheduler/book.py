@@ -216,6 +216,15 @@ class PlacementBook:
             out += self._check_migrate(view, now, stimulus_id)
         return out
 
+    def on_room(self, now: float, running: Container[str], stimulus_id: str, waiting: int) -> list[Shed]:
+        """Colocated workers have their slots back (a train step ended) and the parked tasks were placed:
+        with tail migration on and nothing `waiting`, move the tail off serving workers now. At the next
+        tick (TICK_S) a step's tail is often over: asynchronously, a step's rollouts placed on serving
+        workers while the trainer trained outlast its train step by less than that."""
+        if not self.migrate or waiting or self.training:
+            return []
+        return self._check_migrate(self.view(running), now, stimulus_id)
+
     # A serving worker's rollouts run in what its serving traffic leaves; a dedicated worker with room
     # runs them faster. plan_migrate picks the oldest groups on serving workers (the likeliest tail) that
     # fit the dedicated workers' free slots, less the room already held for earlier moves (and a serving

@@ -123,6 +123,8 @@ class RoseScheduler(SchedulerPlugin):
                 self._apply(self.book.on_train_started(key, time.monotonic(), self.running(), sid))
             elif start == "processing":
                 self._apply(self.book.on_train_finished(key, sid))
+                if self.book.migrate:  # after the dispatch the line above asked for
+                    self.scheduler.loop.add_callback(self._migrate)
             if finish == "forgotten":
                 self.train_keys.discard(key)
             return
@@ -209,6 +211,12 @@ class RoseScheduler(SchedulerPlugin):
         for a in assignments:
             self.scheduler.tasks[a.key].worker_restrictions = {a.worker}
         self.scheduler.transitions({a.key: "processing" for a in assignments}, stimulus_id=sid)
+
+    @_guarded
+    def _migrate(self) -> None:
+        now = time.monotonic()
+        waiting = sum(ts.key in self.book.tasks for ts in self.scheduler.unrunnable)
+        self._apply(self.book.on_room(now, self.running(), f"rose-room-{now}", waiting))
 
     @_guarded
     def _tick(self) -> None:
