@@ -20,8 +20,10 @@ MODEL = rose.ModelConfig()  # path=None: build and warm-start the tiny local mod
 # until step 90 in bf16). For real models keep the default, bf16: syncs then send small deltas.
 ENGINE = rose.EngineConfig(dtype="float32", temperature=1.0, kv_cache_gib=0.5)
 # lr 5e-4, not the default 3e-4 (+0.09 between the first and last 10-step blocks of 100 steps): 200
-# synchronous steps rose +0.17, +0.16, +0.22 (seeds 0, 1, 2). 1e-3 broke the warm-started policy within
-# 5 steps (malformed guesses); asynchronous steps (--staleness 1) at 5e-4 collapsed once at step ~140.
+# synchronous steps rose +0.17, +0.16, +0.22 (seeds 0, 1, 2) with float32 trainer passes, and +0.17,
+# +0.22, +0.27 with bf16 ones (GRPOConfig's "auto" on an AVX512-BF16 host). 1e-3 broke the warm-started
+# policy within 5 steps (malformed guesses); asynchronous steps (--staleness 1) at 5e-4 collapsed once
+# at step ~140.
 GRPO = rose.GRPOConfig(lr=5e-4, inner_epochs=4, clip=0.2)
 CLUSTER = rose.ClusterConfig(num_dedicated=1)
 

@@ -100,14 +100,12 @@ def test_the_trainer_steps_on_the_gpu_as_on_the_cpu(model_dir):
 def test_bf16_autocast_on_the_cpu_makes_float32s_update_to_bf16_rounding(model_dir, width):
     # width 400: one row padded past CPU_MATH_ATTENTION_MAX, so its pass takes the flash-attention kernel
     table = _table(seed=2)
-    if width:
-        ids = table["token_ids"].to_pylist()
-        longest = max(range(len(ids)), key=lambda i: len(ids[i]))
+    if width:  # one more trajectory in group 0
         t = Trajectory(0, 0, 99, "guess", 0, "{}")
         t.add_context([1] + [7] * (width - 11))
         t.add_generated([9] * 10, [-1.0] * 10, [0] * 10)
         t.finish_reason = "done"
-        table = pa.concat_tables([table, pa.Table.from_batches([to_batch([t], [table["reward"][longest].as_py()])])])
+        table = pa.concat_tables([table, pa.Table.from_batches([to_batch([t], [1.0])])])
     f32, b16 = Trainer(model_dir, device="cpu"), Trainer(model_dir, device="cpu")
     cfg = GRPOConfig(lr=1e-3, inner_epochs=2, max_tokens_per_microbatch=300, compute_dtype="float32")
     m32, m16 = f32.step(table, cfg), b16.step(table, replace(cfg, compute_dtype="bfloat16"))
@@ -123,9 +121,16 @@ def test_bf16_autocast_on_the_cpu_makes_float32s_update_to_bf16_rounding(model_d
     assert not torch.equal(u32, u16)  # the passes did run in bf16: float32's would make the same update to the bit
 
 
-def test_auto_compute_dtype_follows_the_device():
-    from rose.runtime.engine.dtype import choose_dtype
+def test_auto_runs_the_passes_in_the_dtype_this_cpu_computes_natively(model_dir):
+    from rose.runtime.engine.dtype import native_bf16
 
-    assert choose_dtype("auto", [True]) == "bfloat16" and choose_dtype("auto", [False]) == "float32"
+    table, expect = _table(seed=3), "bfloat16" if native_bf16("cpu") else "float32"
+    auto, named = Trainer(model_dir, device="cpu"), Trainer(model_dir, device="cpu")
+    cfg = GRPOConfig(lr=1e-3, inner_epochs=1)
+    assert cfg.compute_dtype == "auto"  # the default
+    auto.step(table, cfg)
+    named.step(table, replace(cfg, compute_dtype=expect))
+    for (name, a), b in zip(auto.model.state_dict().items(), named.model.state_dict().values()):
+        assert torch.equal(a, b), name
     with pytest.raises(ValueError, match="compute_dtype"):
         GRPOConfig(compute_dtype="float16")

@@ -10,7 +10,8 @@ benchmarks/engine_dtype.py, RESULTS.md).
 One dtype holds for a whole run: the trainer publishes weights in it and every engine loads them as
 they are, so `rose.run` chooses it once from its rollout workers (`choose_dtype`) and hands the
 workers the choice. A process given "auto" without that (a benchmark's own engine) decides for itself
-(`engine_dtype`).
+(`engine_dtype`). The trainer decides its passes' dtype (`GRPOConfig.compute_dtype`) the same way,
+for its own device (rose/runtime/trainer.py).
 """
 from __future__ import annotations
 
