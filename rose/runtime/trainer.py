@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from rose.config import GRPOConfig
 from rose.runtime.dapo import overlong_penalty, varied_groups
@@ -199,8 +200,6 @@ class Trainer:
         stack = contextlib.ExitStack()
         stack.enter_context(torch.autocast(self.device.type, dtype=torch.bfloat16))
         if self.device.type == "cpu" and width <= CPU_MATH_ATTENTION_MAX:
-            from torch.nn.attention import SDPBackend, sdpa_kernel
-
             stack.enter_context(sdpa_kernel(SDPBackend.MATH))
         return stack
 

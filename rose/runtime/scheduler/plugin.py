@@ -212,17 +212,20 @@ class RoseScheduler(SchedulerPlugin):
             self.scheduler.tasks[a.key].worker_restrictions = {a.worker}
         self.scheduler.transitions({a.key: "processing" for a in assignments}, stimulus_id=sid)
 
+    def _parked_count(self) -> int:
+        """How many managed tasks wait (counted, not sorted, as `parked` does): tail migration's input."""
+        return sum(ts.key in self.book.tasks for ts in self.scheduler.unrunnable)
+
     @_guarded
     def _migrate(self) -> None:
         now = time.monotonic()
-        waiting = sum(ts.key in self.book.tasks for ts in self.scheduler.unrunnable)
-        self._apply(self.book.on_room(now, self.running(), f"rose-room-{now}", waiting))
+        self._apply(self.book.on_room(now, self.running(), f"rose-room-{now}", self._parked_count()))
 
     @_guarded
     def _tick(self) -> None:
         now = time.monotonic()
-        # what waits matters only to tail migration: counted (not sorted) only when the book migrates
-        waiting = sum(ts.key in self.book.tasks for ts in self.scheduler.unrunnable) if self.book.migrate else 0
+        # what waits matters only to tail migration: counted only when the book migrates
+        waiting = self._parked_count() if self.book.migrate else 0
         self._apply(self.book.tick(now, self.running(), f"rose-tick-{now}", waiting=waiting))
 
     # ---------------------------------------------------------------- introspection
