@@ -68,8 +68,7 @@ class RunState:
         far, or TrainerLost (the runner restores a trainer)."""
         try:
             if action.kind == "start":
-                self.inflight[action.step] = Step.start(self.pipeline, self.client, self.fleet, action.step,
-                                                        self.version)
+                self.inflight[action.step] = self._start(action.step)
             elif action.kind == "wait":
                 self.inflight[action.step].wait()
             elif action.kind in ("train", "sync"):
@@ -103,6 +102,14 @@ class RunState:
             raise lost from e
         except Exception:  # noqa: BLE001 - the scheduler unreachable too: report the step's own failure
             return
+
+    def _start(self, step: int) -> Step:
+        """Start `step` on the weights of the last finished step, or, with the step two before still in
+        flight (asynchronous steps started on its sync: `plan_run(start_on_sync=True)`), on that step's,
+        which its sync is bringing to the engines."""
+        before = self.inflight.get(step - 2)
+        version = before.trained_version() if before is not None else self.version
+        return Step.start(self.pipeline, self.client, self.fleet, step, version, held=self.version, synced=before)
 
     def _checkpoint_due(self, step: int) -> bool:
         every = self.pipeline.checkpoint_every

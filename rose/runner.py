@@ -184,7 +184,7 @@ def _run(pipeline, client, spec, steps, progress, on_step, run_dir, persist, ckp
         raise ConfigError(f"the pipeline scores with rose.RewardModel, and the cluster has no reward worker (roles: "
                           f"{roles}); start one with `dask worker ... --preload rose.worker --rose-role reward "
                           f"--rose-reward-model DIR`, or ClusterConfig(num_reward=1, reward_model=DIR)")
-    _check_placement(client)
+    placement = _check_placement(client)
     spec = _with_engine_dtype(client, spec, rollout_addresses(roles))
     rows, tables = history
     restarts, gone = 0, None
@@ -196,7 +196,10 @@ def _run(pipeline, client, spec, steps, progress, on_step, run_dir, persist, ckp
                            run.prepare_s if run else 0.0)
             try:
                 run.prepare(spec, ckpt, gone)
-                for action in plan_run(steps, pipeline.staleness, first=len(rows)):
+                # With the plugin, a rollout task waits in the scheduler for an engine at its weight version:
+                # asynchronous steps can start while the sync bringing that version runs.
+                for action in plan_run(steps, pipeline.staleness, first=len(rows),
+                                       start_on_sync=placement is not None):
                     row = run.do(action)
                     if row is not None:
                         bar.update(1)

@@ -11,6 +11,13 @@ tested as plain lists (tests/unit/test_schedule.py).
   so every trajectory comes from one version) and once step k's train task is done (one trainer
   trains one step at a time); step k+1's train task right after it (the trainer publishes its
   version once that sync is done reading the previous one).
+- Asynchronous, started on the sync (`start_on_sync`): step k+2 starts as soon as step k's sync is
+  submitted rather than once step k has finished. Its rollout tasks need the weights that sync brings:
+  the placement plugin places a rollout task only on an engine at its weight version, and a worker
+  reports its version the moment it commits one, so they start as each engine swaps, without waiting
+  for the sync's status to reach the driver, step k's bookkeeping and a new submission (40-80 ms a
+  step on the Zen 5 host, 2026-12-05: rollouts bound asynchronous steps beside a serving worker). Only
+  with the plugin: without it Dask would run them at once, on the weights before.
 """
 from __future__ import annotations
 
@@ -31,13 +38,14 @@ class Action:
             raise ValueError(f"unknown action kind {self.kind!r}; one of {KINDS}")
 
 
-def plan_run(steps: int, staleness: int, first: int = 0) -> list[Action]:
+def plan_run(steps: int, staleness: int, first: int = 0, start_on_sync: bool = False) -> list[Action]:
     """Every action of a run of `steps` steps, in order; from step `first` on (a resumed run: steps
-    before it are done), with the same shape as a run of `steps - first` steps."""
+    before it are done), with the same shape as a run of `steps - first` steps. `start_on_sync`:
+    asynchronous steps start once the sync of the step two before is submitted (see above)."""
     if not 0 <= first < steps:
         raise ValueError(f"first={first} must be in [0, steps={steps})")
     if first:
-        return [Action(a.kind, a.step + first) for a in plan_run(steps - first, staleness)]
+        return [Action(a.kind, a.step + first) for a in plan_run(steps - first, staleness, 0, start_on_sync)]
     if steps < 1:
         raise ValueError(f"steps={steps} must be >= 1")
     if staleness not in (0, 1):
@@ -49,9 +57,13 @@ def plan_run(steps: int, staleness: int, first: int = 0) -> list[Action]:
     out = [Action("start", 0), Action("wait", 0), Action("train", 0)]
     for k in range(steps):
         if k + 1 < steps:
-            out += [Action("start", k + 1), Action("wait", k + 1)]
+            if k == 0 or not start_on_sync:  # else started on step k - 1's sync
+                out.append(Action("start", k + 1))
+            out.append(Action("wait", k + 1))
         out += [Action("trained", k), Action("sync", k)]
         if k + 1 < steps:
             out.append(Action("train", k + 1))
+        if start_on_sync and k + 2 < steps:
+            out.append(Action("start", k + 2))
         out.append(Action("finish", k))
     return out

@@ -71,20 +71,30 @@ class Step:
         self.roles["trainer"] = [fleet.trainer]
         self.futures: dict = {}
         self.submitted_at: dict[str, float] = {}  # part -> perf_counter seconds
-        self.rollout_s = None  # s from submission to the last rollout done
-        self._done_at: dict[str, list[float]] = {"rollout": [], "train": []}  # when each future resolved
+        self.rollout_s = None  # s from submission (or from its weights' sync, `weights_at`) to the last rollout done
+        self.rollouts_done: float | None = None  # when the last rollout was done (perf_counter seconds)
+        self._done_at: dict[str, list[float]] = {"rollout": [], "train": [], "sync": []}  # when each future resolved
+        # When the sync that brings this step's weights finished, for a step started before it did (filled
+        # by that sync's future: `start(weights_at=...)`); empty otherwise.
+        self._weights_at: list[float] = []
 
     @classmethod
-    def start(cls, pipeline, client, fleet, step: int, version: int) -> "Step":
-        """Build, validate and lower the step's graph on the weights `version`; submit its rollouts and rewards."""
-        fleet.settle(version)
-        fleet.wait_for_worker(version, pipeline.cluster.worker_wait_s, step)
+    def start(cls, pipeline, client, fleet, step: int, version: int, held: int | None = None,
+              synced: "Step | None" = None) -> "Step":
+        """Build, validate and lower the step's graph on the weights `version`; submit its rollouts and rewards.
+        `held`: the version the engines hold now, if not yet `version`: the sync of step `synced` brings
+        it, and the placement plugin holds the rollouts until their engine has it."""
+        held = version if held is None else held
+        fleet.settle(held)  # workers behind what the engines hold catch up; none is behind a sync in flight
+        fleet.wait_for_worker(held, pipeline.cluster.worker_wait_s, step)
         graph = pipeline.build(step)
         graph.validate_step()
         ctx = LowerContext(step, version, graph.name, tuple(fleet.ready), pipeline.seed,
                            pipeline.engine.temperature, pipeline.engine.top_p, pipeline.engine.request_timeout_s,
                            pipeline.engine.env_timeout_s)
         st = cls(client, fleet, step, version, graph, lower(graph, ctx), pipeline, ctx)
+        if synced is not None:
+            st._weights_at = synced._done_at["sync"]  # the list, not the step: no chain of finished steps
         st.submit("gen")
         # When each rollout finished: the rollout phase is timed to the last one, even when the runner
         # looks later (asynchronous mode looks after the train step it overlapped).
@@ -101,6 +111,8 @@ class Step:
         self.futures = submit(self.client, tasks, self.roles, self.futures)
         if part == "train":
             self._time(self.lowered.keys_of(self.train.name, "metrics"), "train")
+        elif part == "sync":
+            self._time(self.lowered.keys_of(self.sync.name, "status"), "sync")
 
     def _add_rollouts(self, graph, lowered) -> list[str]:
         """Count the rollouts of `graph` (lowered) as the step's: their trajectory ids and task keys."""
@@ -133,8 +145,8 @@ class Step:
             self._await(self._futures(self.train_inputs))
         self._sampling = None
         done = self._done_at["rollout"]
-        last = max(done) if len(done) == len(self._rollout_keys) else time.perf_counter()
-        self.rollout_s = last - self.submitted_at["gen"]
+        self.rollouts_done = max(done) if len(done) == len(self._rollout_keys) else time.perf_counter()
+        self.rollout_s = self.rollouts_done - max([self.submitted_at["gen"], *self._weights_at])
 
     def _sample_more(self, cfg) -> bool:
         """Submit one more round of rollouts if the step has fewer varied groups than its prompts node
@@ -181,7 +193,7 @@ class Step:
         batches = self.client.gather(self._futures(self.train_inputs))
         (metrics,) = self.client.gather(self._futures(self.lowered.keys_of(self.train.name, "metrics")))
         # From when training could start (submitted, and its rollouts done) to its metrics.
-        ready = max(self.submitted_at["train"], self.submitted_at["gen"] + self.rollout_s)
+        ready = max(self.submitted_at["train"], self.rollouts_done)
         train_s = max(self._done_at["train"] or [time.perf_counter()]) - ready
         t0 = time.perf_counter()
         self._await(self._futures(self.lowered.keys_of(self.sync.name, "status")))

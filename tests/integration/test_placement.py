@@ -104,23 +104,25 @@ def test_capacity_drop_stops_dispatch_and_shed_rollouts_finish_elsewhere(two_wor
 
 def test_asynchronous_steps_train_on_rollouts_one_version_behind(two_workers):
     """staleness=1: step k+1's rollouts run during step k's training on the weights before it; the
-    worker colocated with the trainer yields while it trains; no trajectory mixes versions."""
+    worker colocated with the trainer yields while it trains; no trajectory mixes versions. Steps 2
+    and 3 start while the sync bringing their weights runs (the plugin holds their rollouts until
+    each engine has them): their tokens must still all come from those weights."""
     client = two_workers
     colocated = [a for a, w in plugin_state(client)["workers"].items() if w["colocated"]]
     assert len(colocated) == 1 and colocated[0] in dedicated(client)
-    pipeline = small_pipeline("guess", groups=4, group_size=4, steps=3)
-    report = rose.run(pipeline, cluster=client, steps=3, progress=False, staleness=1)
-    check_complete(report, 48)
+    pipeline = small_pipeline("guess", groups=4, group_size=4, steps=4)
+    report = rose.run(pipeline, cluster=client, steps=4, progress=False, staleness=1)
+    check_complete(report, 64)
     m = report.metrics
-    assert m["rollout_version"].tolist() == [0, 0, 1] and m["weight_version"].tolist() == [1, 2, 3]
+    assert m["rollout_version"].tolist() == [0, 0, 1, 2] and m["weight_version"].tolist() == [1, 2, 3, 4]
     for row in report.trajectories.to_pylist():
         versions = {v for v, mask in zip(row["weight_versions"], row["loss_mask"]) if mask}
         assert versions == {max(0, row["step"] - 1)}, row["trajectory_id"]  # one version, one behind
     assert (m["logprob_mismatch"].iloc[1:] > 1e-4).all()  # the trainer had moved on: off-policy (TIS corrects)
     state = plugin_state(client)
     assert state["errors"] == 0, state["last_error"]
-    assert sum(e[1] == "training" for e in state["events"]) >= 3 and state["training"] == []
-    assert all(w["weight_version"] == 3 for a, w in state["workers"].items() if a in dedicated(client))
+    assert sum(e[1] == "training" for e in state["events"]) >= 4 and state["training"] == []
+    assert all(w["weight_version"] == 4 for a, w in state["workers"].items() if a in dedicated(client))
 
 
 def test_killed_worker_rollouts_are_replaced_once(two_workers):

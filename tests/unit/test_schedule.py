@@ -30,9 +30,22 @@ def test_asynchronous_next_rollouts_overlap_training():
     assert plan[-2:] == [Action("sync", 2), Action("finish", 2)]
 
 
-@given(st.integers(1, 12), st.sampled_from([0, 1]))
-def test_every_step_runs_each_action_once_in_order(steps, staleness):
-    plan = plan_run(steps, staleness)
+def test_asynchronous_steps_started_on_the_sync():
+    plan = plan_run(4, 1, start_on_sync=True)
+    # step 1 as without: once step 0's train task is submitted
+    assert _at(plan, "train", 0) < _at(plan, "start", 1) < _at(plan, "wait", 1) < _at(plan, "sync", 0)
+    for k in (2, 3):
+        # step k starts once the sync of the weights it rolls out on (step k - 2's) and step k - 1's train
+        # task are submitted, before step k - 2 is finished
+        assert _at(plan, "sync", k - 2) < _at(plan, "train", k - 1) < _at(plan, "start", k) < _at(plan, "finish", k - 2)
+        # and after step k - 1's rollouts: still one step ahead, never two
+        assert _at(plan, "wait", k - 1) < _at(plan, "start", k)
+    assert plan_run(4, 0, start_on_sync=True) == plan_run(4, 0)  # synchronous steps have no sync to start on
+
+
+@given(st.integers(1, 12), st.sampled_from([0, 1]), st.booleans())
+def test_every_step_runs_each_action_once_in_order(steps, staleness, start_on_sync):
+    plan = plan_run(steps, staleness, start_on_sync=start_on_sync)
     assert len(plan) == len(set(plan)) == 6 * steps
     for k in range(steps):
         assert _at(plan, "start", k) < _at(plan, "wait", k) < _at(plan, "finish", k)
@@ -42,10 +55,13 @@ def test_every_step_runs_each_action_once_in_order(steps, staleness):
             assert _at(plan, "finish", k - 1) < _at(plan, "finish", k)
             assert _at(plan, "trained", k - 1) < _at(plan, "train", k)
             assert _at(plan, "sync", k - 1) < _at(plan, "train", k)
-        # the rollouts of step k run on the weights of every step that finished before it started:
-        # at least k - 1 - staleness of them (bounded staleness)
+        # the rollouts of step k run on the weights of every step whose sync was submitted before it
+        # started: k - staleness of them (bounded staleness); started on the sync, the last of them may
+        # not have finished yet
+        synced_before = sum(_at(plan, "sync", j) < _at(plan, "start", k) for j in range(k))
+        assert synced_before == max(0, k - staleness)
         finished_before = sum(_at(plan, "finish", j) < _at(plan, "start", k) for j in range(k))
-        assert finished_before == max(0, k - staleness)
+        assert finished_before == max(0, k - staleness - (1 if start_on_sync and staleness and k >= 2 else 0))
         # weights never change under running rollouts: no sync is submitted between a start and its wait
         between = plan[_at(plan, "start", k):_at(plan, "wait", k)]
         assert not [a for a in between if a.kind == "sync" and a.step != k]
@@ -58,12 +74,13 @@ def test_bad_arguments():
         plan_run(0, 0)
 
 
-@given(st.integers(1, 12), st.integers(0, 11), st.sampled_from([0, 1]))
-def test_a_resumed_plan_is_the_tail_of_a_shorter_run_shifted(steps, first, staleness):
+@given(st.integers(1, 12), st.integers(0, 11), st.sampled_from([0, 1]), st.booleans())
+def test_a_resumed_plan_is_the_tail_of_a_shorter_run_shifted(steps, first, staleness, start_on_sync):
     if first >= steps:
         with pytest.raises(ValueError):
-            plan_run(steps, staleness, first)
+            plan_run(steps, staleness, first, start_on_sync)
         return
-    plan = plan_run(steps, staleness, first)
+    plan = plan_run(steps, staleness, first, start_on_sync)
     assert {a.step for a in plan} == set(range(first, steps))
-    assert [(a.kind, a.step - first) for a in plan] == [(a.kind, a.step) for a in plan_run(steps - first, staleness)]
+    assert [(a.kind, a.step - first) for a in plan] == [(a.kind, a.step) for a in
+                                                        plan_run(steps - first, staleness, 0, start_on_sync)]
