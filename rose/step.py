@@ -136,10 +136,13 @@ class Step:
         await_futures(self.client, futures, lambda: self.fleet.poll(self.version))
 
     def wait(self) -> None:
-        """Wait for the step's rollouts, then for the scored trajectories its train node takes; with
-        dynamic sampling (DAPO), roll out more groups until enough of them vary."""
+        """Wait for the step's rollouts; with dynamic sampling (DAPO), then for the scored trajectories its
+        train node takes, rolling out more groups until enough of them vary. Without it the rewards are
+        not waited for: the train task takes them in Dask, and what the runner does next (an asynchronous
+        step's sync) needs only the rollouts done (10-30 ms sooner, the reward tasks' hop)."""
         self._await(self._futures(self._rollout_keys))
-        self._await(self._futures(self.train_inputs))
+        if self._sampling is not None:
+            self._await(self._futures(self.train_inputs))
         while self._sampling is not None and self._sample_more(self._sampling):
             self._await(self._futures(self._rollout_keys))
             self._await(self._futures(self.train_inputs))
