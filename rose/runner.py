@@ -223,6 +223,10 @@ def _run(pipeline, client, spec, steps, progress, on_step, run_dir, persist, ckp
                 bar.n = len(rows)
                 bar.refresh()
                 continue
+            except RunError as e:  # from preparing workers (a step's own carries the report already)
+                if e.report is None:
+                    e.report = run.report()
+                raise
             if persist:
                 run.report().save(run_dir.root)
             return run.report()

@@ -66,3 +66,18 @@ def test_the_driver_never_sees_a_worker_vanish_that_is_still_connected():
             LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0") as c, Client(c) as client:
         client.wait_for_workers(2)
         assert [len(scheduler_workers(client)) for _ in range(2000)] == [2] * 2000
+
+
+def test_a_run_error_from_preparing_workers_carries_the_report(cluster, monkeypatch):
+    """Every RunError out of rose.run holds the report of the steps that finished (none here), also one
+    raised while workers are prepared (after a trainer restart, say: no trainer came back in time)."""
+    from rose.errors import RunError
+    from rose.run_state import RunState
+
+    def no_trainer(self, spec, ckpt, gone):
+        raise RunError("no trainer worker connected in 0 s")
+
+    monkeypatch.setattr(RunState, "prepare", no_trainer)
+    with pytest.raises(RunError, match="no trainer worker") as e:
+        rose.run(small_pipeline("guess", groups=2, group_size=2, steps=1), cluster=cluster, progress=False)
+    assert e.value.report is not None and len(e.value.report.metrics) == 0 and e.value.report.lost == 0
