@@ -10,16 +10,17 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-# The columns of `Report.metrics`, one row per step. Seconds: rollout_s (submission to the last rollout
-# done), train_s (from when training could start to its metrics), trainer_compute_s (inside the train
-# step), sync_s, step_s (one step's share of the run's wall time). rollout_version: the weights its
-# rollouts ran on; weight_version: the weights its train step made. lost / duplicated: the step's
-# trajectory ledger (`rose.ledger`): planned ids its train op never received / extra rows it received.
-# workers_lost: rollout workers that left the run during the step. provenance_checked: trajectories
-# shed and resumed on another worker whose environment the trainer replayed (`rose.envs.provenance`);
-# those that did not replay are `failed`, with the reason. groups_sampled: GRPO groups rolled out;
-# groups_varied: those whose rewards varied (the rest teach nothing); sample_rounds: rollout rounds the
-# step took (dynamic sampling rolls out more until enough groups vary: demand varies by step).
+# The columns of `Report.metrics`, one row per step. Seconds: rollout_s (submission, or the end of the
+# sync bringing its weights if that came later, to the last rollout done), train_s (from when training
+# could start to its metrics), trainer_compute_s (inside the train step), sync_s, step_s (one step's share
+# of the run's wall time). rollout_version: the weights its rollouts ran on; weight_version: the weights
+# its train step made. lost / duplicated: the step's trajectory ledger (`rose.ledger`): planned ids its
+# train op never received / extra rows it received. workers_lost: rollout workers that left the run during
+# the step. provenance_checked: trajectories shed and resumed on another worker whose environment the
+# trainer replayed (`rose.envs.provenance`); those that did not replay are `failed`, with the reason.
+# groups_sampled: GRPO groups rolled out; groups_varied: those whose rewards varied (the rest teach
+# nothing); sample_rounds: rollout rounds the step took (dynamic sampling rolls out more until enough
+# groups vary: demand varies by step).
 STEP_COLUMNS = ["step", "weight_version", "rollout_version", "reward_mean", "reward_std", "trajectories", "failed",
                 "tokens", "rollout_s", "train_s", "trainer_compute_s", "sync_s", "step_s", "rollout_tok_s",
                 "logprob_mismatch", "loss", "sync_bytes", "sync_refetches", "lost", "duplicated",

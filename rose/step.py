@@ -71,11 +71,13 @@ class Step:
         self.roles["trainer"] = [fleet.trainer]
         self.futures: dict = {}
         self.submitted_at: dict[str, float] = {}  # part -> perf_counter seconds
-        self.rollout_s = None  # s from submission (or from its weights' sync, `weights_at`) to the last rollout done
+        # s from submission (or, started before its weights' sync ended, `start(synced=)`, from that end) to
+        # the last rollout done
+        self.rollout_s = None
         self.rollouts_done: float | None = None  # when the last rollout was done (perf_counter seconds)
         self._done_at: dict[str, list[float]] = {"rollout": [], "train": [], "sync": []}  # when each future resolved
         # When the sync that brings this step's weights finished, for a step started before it did (filled
-        # by that sync's future: `start(weights_at=...)`); empty otherwise.
+        # by that sync's future: `start(synced=...)`); empty otherwise.
         self._weights_at: list[float] = []
 
     @classmethod
