@@ -79,6 +79,7 @@ class Step:
         # When the sync that brings this step's weights finished, for a step started before it did (filled
         # by that sync's future: `start(synced=...)`); empty otherwise.
         self._weights_at: list[float] = []
+        self._metrics: dict | None = None  # the train task's, once gathered (`_train_metrics`)
 
     @classmethod
     def start(cls, pipeline, client, fleet, step: int, version: int, held: int | None = None,
@@ -189,14 +190,20 @@ class Step:
 
     def trained_version(self) -> int:
         """The weight version the step's train task made (once it is done)."""
-        (metrics,) = self.client.gather(self._futures(self.lowered.keys_of(self.train.name, "metrics")))
-        return metrics["weight_version"]
+        return self._train_metrics()["weight_version"]
+
+    def _train_metrics(self) -> dict:
+        """The train task's metrics, gathered once: the next-but-one step's start, a checkpoint and
+        `finish` all read them."""
+        if self._metrics is None:
+            (self._metrics,) = self.client.gather(self._futures(self.lowered.keys_of(self.train.name, "metrics")))
+        return self._metrics
 
     def finish(self) -> tuple[dict, pa.Table]:
         """Gather the train metrics and the sync statuses; check every engine took the trained version;
         return the step's row and its trajectories."""
         batches = self.client.gather(self._futures(self.train_inputs))
-        (metrics,) = self.client.gather(self._futures(self.lowered.keys_of(self.train.name, "metrics")))
+        metrics = self._train_metrics()
         # From when training could start (submitted, and its rollouts done) to its metrics.
         ready = max(self.submitted_at["train"], self.rollouts_done)
         train_s = max(self._done_at["train"] or [time.perf_counter()]) - ready
