@@ -111,17 +111,24 @@ async def env_call(spec: RolloutSpec, what: str, turn: int | None, fn, *args, ti
     cancelled, so past the deadline the trajectory fails and the thread is abandoned. `inline`: the
     environment declared its calls instant and non-blocking (`Env.inline`); run it right here."""
     timeout_s = spec.env_timeout_s if timeout_s is None else timeout_s
-    where = f"environment {spec.env!r} {what}" + ("" if turn is None else f" at turn {turn}")
-    ctx = {"trajectory_id": spec.trajectory_id, "env": spec.env} | ({} if turn is None else {"turn": turn})
     try:
         if inline:
             return fn(*args)
         return await call_with_deadline(fn, *args, timeout_s=timeout_s, name=f"env {spec.trajectory_id} {what}")
     except DeadlineExceeded:
+        where, ctx = _where(spec, what, turn)
         raise EnvError(f"{where} did not return within env_timeout_s={timeout_s:g} s (its thread is abandoned: "
                        f"a sync call cannot be cancelled)", **ctx) from None
     except Exception as e:
+        where, ctx = _where(spec, what, turn)
         raise EnvError(f"{where} raised {type(e).__name__}: {e}", **ctx) from e
+
+
+def _where(spec: RolloutSpec, what: str, turn: int | None) -> tuple[str, dict]:
+    """An environment call's failure: the words that name the call, and the error's context. Made only on
+    failure: twice a turn, on the engine's thread, they cost about 0.6 us each."""
+    where = f"environment {spec.env!r} {what}" + ("" if turn is None else f" at turn {turn}")
+    return where, {"trajectory_id": spec.trajectory_id, "env": spec.env} | ({} if turn is None else {"turn": turn})
 
 
 def _checked_step(spec: RolloutSpec, turn: int, result) -> StepResult:

@@ -14,6 +14,7 @@ from rose.ops.rollout import Partial, RolloutSpec, agent_loop
 from rose.runtime.coserve.executor import CoServingExecutor
 from rose.runtime.coserve.slo import SloConfig, SloController
 from rose.runtime.engine import EngineLoop, SamplingSpec
+from rose.runtime.engine import loop as loop_module
 from rose.runtime.engine.fake import FakeEngine
 from tests.helpers.envs import ScriptedEnv
 from tests.unit.test_batching import CountingEngine
@@ -86,12 +87,35 @@ def test_groups_handed_over_one_by_one_start_in_one_iteration(tok):
         loop.close()
 
 
-def test_groups_handed_over_as_the_last_ones_end_start_in_one_iteration(tok):
+def test_the_first_iteration_waits_for_the_groups_known_to_be_on_their_way(tok, monkeypatch):
+    """A dedicated worker tells its loop how many of its rollout tasks have started without handing their
+    group over yet (`arriving`). The idle engine's first iteration waits for those, however long they take
+    (START_MAX_S bounds the wait; raised here), rather than for a quiet spell after the last hand-off."""
+    monkeypatch.setattr(loop_module, "START_MAX_S", 30.0)
+    ok, nl = tok.vocab["ok"], tok.vocab["\n"]
+    engine = CountingEngine(vocab_size=len(tok.vocab), max_model_len=64, script={"": [ok, nl]})
+    on_their_way = [2]
+    loop = EngineLoop(engine, arriving=lambda: on_their_way[0])
+    try:
+        futs = []
+        for _ in range(2):
+            on_their_way[0] -= 1  # the task has begun its group (`rollout_started`), then hands it over
+            futs.append(loop.run(_group(loop, tok, 8, turns=1, max_turns=1)()))
+            time.sleep(0.05)  # far longer than START_QUIET_S: a quiet spell would have stepped the first alone
+        assert all(t.finish_reason == "done" for f in futs for t in f.result(10))
+        assert engine.batches[0] == 16
+    finally:
+        loop.close()
+
+
+@pytest.mark.parametrize("arriving", [None, lambda: 0], ids=["count-unknown", "none-counted"])
+def test_groups_handed_over_as_the_last_ones_end_start_in_one_iteration(tok, arriving):
     """Groups waiting for slots (more groups than the worker's slots, or a round queued behind the running
     one) are handed over as the running groups end, the first of them while the engine's last iteration
     for those groups still runs. That first group's turns reach the engine just after it empties; they
     wait for the others, as from idle, and do not run alone (three iterations, out of phase with the rest
-    for the whole round)."""
+    for the whole round). They start one by one as slots free, so a worker's count of groups on their
+    way (`arriving`) says nothing of them: they wait for a quiet spell all the same."""
     ok, nl = tok.vocab["ok"], tok.vocab["\n"]
     began, release = threading.Event(), threading.Event()
 
@@ -103,7 +127,7 @@ def test_groups_handed_over_as_the_last_ones_end_start_in_one_iteration(tok):
             return super().step()
 
     engine = Gated(vocab_size=len(tok.vocab), max_model_len=64, script={"": [ok, nl]})
-    loop = EngineLoop(engine)
+    loop = EngineLoop(engine, arriving=arriving)
     try:
         first = loop.run(_group(loop, tok, 8, turns=1, max_turns=1)())
         assert began.wait(10)

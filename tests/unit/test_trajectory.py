@@ -77,3 +77,14 @@ def test_with_rewards_and_schema_check():
     bad = pa.RecordBatch.from_pydict({"x": [1]})
     with pytest.raises(ValueError, match="trajectory schema"):
         concat([bad])
+
+
+def test_dask_weighs_a_batch_by_its_buffers():
+    """Dask sizes every task result it keeps or sends; a batch is weighed by its buffers (registered), not
+    by `sys.getsizeof`, which walks every column's offsets."""
+    from dask.sizeof import sizeof
+
+    t = Trajectory(0, 0, 0, "guess", 1)
+    t.add_context(list(range(100)))
+    b = to_batch([t] * 8)
+    assert sizeof(b) == b.get_total_buffer_size() >= 8 * 100 * 4

