@@ -60,9 +60,9 @@ logger = logging.getLogger("rose.engine")
 # tasks it has started that have not handed their group over yet) waits for those rather than for a
 # quiet spell: its first iteration runs once none is left and no hand-off or request has come for
 # START_LOOP_QUIET_S. A step's groups reach the idle worker in one message from the scheduler and all
-# start at once; the quiet spell after the last hand-off idled the core for 7-12 ms a round of 256 guess
+# start at once; the quiet spell after the last hand-off idled the core for 4-13 ms a round of 256 guess
 # episodes (their first turns were all made 9-15 ms after the first hand-off, the first iteration began
-# at 28-35 ms, 11-15 of them adding the requests; Zen 5 host). Groups waiting for slots still wait for a
+# at 28-42 ms, 10-16 of them adding the requests; Zen 5 host). Groups waiting for slots still wait for a
 # quiet spell: they start one by one as the running groups end, each when the placement sees its slots
 # free, so no count says more are coming (stepping after START_LOOP_QUIET_S there took overlapped rounds
 # from 0.74 to 0.69 of vLLM called directly).
