@@ -45,18 +45,22 @@ async def generate_turn(engine, prompt: list[int], sampling: SamplingSpec, reque
                 raise
 
 
-async def on_engine_loop(engine, make: Callable[[], Awaitable], stall_s: float):
+async def on_engine_loop(engine, make: Callable[[], Awaitable], stall_s: float,
+                         handed: Callable[[], None] = lambda: None):
     """Await `make()` (an awaitable, made on the loop it runs on) on the engine's own event loop where
     it has one, else here. Raises EngineError when the engine has requests waiting and has finished no
-    iteration for `stall_s` seconds. Cancelling this cancels it there."""
+    iteration for `stall_s` seconds. Cancelling this cancels it there. `handed()` is called once the
+    work is on its way to that loop (an idle engine's first iteration waits for it: engine/loop.py)."""
     run = getattr(engine, "run", None)
     if run is None:
+        handed()
         return await make()
 
     async def there():
         return await make()
 
     fut = asyncio.wrap_future(run(there()))
+    handed()
     try:
         while True:
             done, _ = await asyncio.wait({fut}, timeout=stall_s)

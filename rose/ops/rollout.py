@@ -242,7 +242,7 @@ async def _run_group(specs, states, key: str | None, attempt: int) -> pa.RecordB
         try:
             out = list(await on_engine_loop(w.host.engine, lambda: asyncio.gather(
                 *(_one(s, w, st, lambda: w.should_shed(key)) for s, st in zip(specs, states))),
-                stall_s=max(s.request_timeout_s for s in specs)))
+                stall_s=max(s.request_timeout_s for s in specs), handed=lambda: w.rollout_handed(key)))
         except EngineError as e:  # the engine stalled: every unfinished trajectory fails with the reason
             out = failed_group(specs, states, e, w)
         affinity = w.affinity(key)

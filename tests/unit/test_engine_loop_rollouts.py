@@ -99,11 +99,25 @@ def test_the_first_iteration_waits_for_the_groups_known_to_be_on_their_way(tok, 
     try:
         futs = []
         for _ in range(2):
-            on_their_way[0] -= 1  # the task has begun its group (`rollout_started`), then hands it over
             futs.append(loop.run(_group(loop, tok, 8, turns=1, max_turns=1)()))
+            on_their_way[0] -= 1  # counted off once handed over (`rollout_handed`)
             time.sleep(0.05)  # far longer than START_QUIET_S: a quiet spell would have stepped the first alone
         assert all(t.finish_reason == "done" for f in futs for t in f.result(10))
         assert engine.batches[0] == 16
+    finally:
+        loop.close()
+
+
+def test_a_group_is_counted_off_only_once_it_is_on_its_way(tok):
+    """The rollout task tells its worker its group is no longer on its way (`handed`) after the hand-off,
+    not before: an idle engine that saw the count drop first would step without the group."""
+    loop = EngineLoop(_engine(tok))
+    events, hand_over = [], loop.run
+    loop.run = lambda coro: (events.append("run"), hand_over(coro))[1]
+    try:
+        trajs = asyncio.run(on_engine_loop(loop, _group(loop, tok, 2), stall_s=10,
+                                           handed=lambda: events.append("handed")))
+        assert len(trajs) == 2 and events == ["run", "handed"]
     finally:
         loop.close()
 

@@ -114,9 +114,9 @@ def test_a_dedicated_worker_prepares_reports_commits_and_sheds(spec, monkeypatch
 
 
 def test_a_dedicated_worker_counts_its_rollout_tasks_on_their_way_to_the_engine():
-    """Dask starts a step's rollout tasks on the worker together; until each has begun its group
-    (`rollout_started`, just before it hands the group to the engine) the host's `arriving` counts it, and
-    the engine's first iteration waits for it (rose/runtime/engine/loop.py). Other tasks do not count."""
+    """Dask starts a step's rollout tasks on the worker together; until each has handed its group to the
+    engine (`rollout_handed`) the host's `arriving` counts it, and the engine's first iteration waits for
+    it (rose/runtime/engine/loop.py). Other tasks do not count."""
     plugin = RoseWorker("dedicated")
     tasks = {"g1": SimpleNamespace(annotations={Annotation.ROLE: "rollout"}),
              "g2": SimpleNamespace(annotations={Annotation.ROLE: "rollout"}),
@@ -127,6 +127,8 @@ def test_a_dedicated_worker_counts_its_rollout_tasks_on_their_way_to_the_engine(
         plugin.transition(key, "ready", "executing")
     assert host.arriving() == 2
     plugin.rollout_started("g1", 8)
+    assert host.arriving() == 2  # begun, not handed over yet
+    plugin.rollout_handed("g1")
     assert host.arriving() == 1
     plugin.transition("g2", "executing", "error")  # failed before it began its group
     assert host.arriving() == 0

@@ -65,8 +65,8 @@ class RoseWorker(WorkerPlugin):
         self._lock = threading.Lock()  # one prepare at a time
         # Rollout tasks running here (key -> trajectories) and the keys the scheduler asked to shed.
         self.rollouts: dict[str, int] = {}
-        # Rollout tasks Dask has started here that have not begun their group yet (`rollout_started`):
-        # the engine's first iteration of a round waits for them (rose/runtime/engine/loop.py).
+        # Rollout tasks Dask has started here that have not handed their group to the engine yet
+        # (`rollout_handed`): the engine's first iteration of a round waits for them (engine/loop.py).
         self.starting: set[str] = set()
         self.shed: set[str] = set()
         self.migrating: set[str] = set()  # of `shed`, the keys shed to move to a dedicated worker
@@ -183,8 +183,12 @@ class RoseWorker(WorkerPlugin):
         elif start == "executing":
             self.starting.discard(key)
 
-    def rollout_started(self, key: str | None, width: int) -> None:
+    def rollout_handed(self, key: str | None) -> None:
+        """Rollout task `key` has handed its group to the engine's loop. Counted off only then: an idle engine
+        that found none left before the hand-off had reached it would step without that group."""
         self.starting.discard(key)
+
+    def rollout_started(self, key: str | None, width: int) -> None:
         if key is not None:
             self.rollouts[key] = width
             self.host.in_flight = sum(self.rollouts.values())
