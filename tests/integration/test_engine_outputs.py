@@ -1,6 +1,6 @@
-"""A dedicated worker's engine returns each request's tokens at its first token and at its end only
-(`VllmEngine(stream=False)`): the caller gets the same tokens, log-probs and queue time as when every
-token streams."""
+"""A dedicated worker's engine returns each request's tokens at its end only, with a token-less output at
+its first token (`VllmEngine(stream=False)`): the caller gets the same tokens, log-probs and queue time
+as when every token streams."""
 import pytest
 
 from tests.integration.helpers import run_engine_helper
@@ -14,7 +14,7 @@ def test_an_engine_that_does_not_stream_gives_the_same_generation_in_two_outputs
     n = len(streamed["tokens"])
     assert n > 2  # long enough that the two modes differ in outputs
     assert streamed["outputs"] == n  # one output per token
-    assert whole["outputs"] == 2  # the first token, then the rest at the end
+    assert whole["outputs"] == 2  # the first token's `started` (no tokens), then all of them at the end
     assert whole["tokens"] == streamed["tokens"] and whole["versions"] == streamed["versions"] == [0] * n
     assert whole["logprobs"] == pytest.approx(streamed["logprobs"], abs=1e-4)
     for g in (streamed, whole):

@@ -90,6 +90,19 @@ def test_absorb_routes_outputs_stamps_versions_and_fails_errors_alone():
     assert e.value.context["request_id"] == "b"  # the caller's id, not the engine's
 
 
+def test_a_started_output_gives_the_queue_time_of_a_request_whose_tokens_come_at_its_end():
+    # VllmEngine(stream=False): a token-less `started` output at the first token, all tokens at the end
+    pending = {"a": PendingRollout("a", Future(), t_submit=0.0), "b": PendingRollout("b", Future(), t_submit=0.0)}
+    a, b = pending["a"], pending["b"]
+    assert absorb(pending, [EngineOutput("a", [], [], False, None, started=True)], version=0, now=0.5) == 0
+    absorb(pending, [EngineOutput("b", [], [], False, None, started=True),  # first and last token in one iteration
+                     EngineOutput("b", [4], [-0.5], True, "stop"),
+                     EngineOutput("a", [5, 6, 7], [-1.0, -1.0, -1.0], True, "length")], version=0, now=2.0)
+    ga, gb = a.future.result(timeout=0), b.future.result(timeout=0)
+    assert ga.queue_s == 0.5 and ga.total_s == 2.0 and ga.token_ids == [5, 6, 7]
+    assert gb.queue_s == 2.0 == gb.total_s and gb.token_ids == [4]
+
+
 def test_fail_names_each_request():
     ps = [PendingRollout(f"r{i}", Future()) for i in range(2)]
     fail(ps, "gone")

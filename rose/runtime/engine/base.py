@@ -34,6 +34,9 @@ class EngineOutput:
     finished: bool
     finish_reason: str | None  # "stop" | "length" | "abort" | None while running
     error: str | None = None  # the engine failed this request (finished is then True)
+    # No tokens: the request made its first token in this iteration (an engine that returns a request's
+    # tokens at its end only says so apart, for the request's `queue_s`)
+    started: bool = False
 
 
 @dataclass

@@ -66,7 +66,7 @@ def absorb(pending: dict[str, PendingRollout], outputs: Iterable[EngineOutput], 
             settle(p.future, EngineError(out.error, request_id=p.request_id))
             continue
         g = p.gen
-        if out.token_ids and not g.token_ids:
+        if (out.token_ids or out.started) and not g.token_ids and not g.queue_s:  # its first token (0.0: none yet)
             g.queue_s = now - p.t_submit
         g.token_ids += out.token_ids
         g.logprobs += out.logprobs

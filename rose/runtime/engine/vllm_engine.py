@@ -148,13 +148,15 @@ class VllmEngine:
         and take it back with `wake_up` (vLLM sleep mode), for a co-serving device under a burst.
         `num_kv_blocks`: the KV cache's size in blocks, overriding the size vLLM derives from
         VLLM_CPU_KVCACHE_SPACE or `gpu_memory_utilization` (tests fill a small cache on purpose).
-        `stream`: `step` returns each request's tokens as they come. False: at its first token (its
-        `queue_s`) and at its end only (vLLM's per-request `stream_interval`), for a caller that never
-        needs a request's tokens before it ends (a dedicated worker's `EngineLoop`: weight loads wait
-        for the requests in flight, shedding waits for turn boundaries). vLLM builds an output object for
-        every streaming request at every iteration, and this class converts each. The co-serving
-        executor streams: serving requests go out token by token, and a preempted rollout resumes
-        from the tokens it has."""
+        `stream`: `step` returns each request's tokens as they come. False: at its end only (vLLM's
+        `FINAL_ONLY`), for a caller that never needs a request's tokens before it ends (a dedicated
+        worker's `EngineLoop`: weight loads wait for the requests in flight, shedding waits for turn
+        boundaries). vLLM builds an output object for every streaming request at every iteration, and
+        this class converts each. A request's first token (its `queue_s`) is then read off vLLM's output
+        processor, which marks a request no longer prefilling when its first token comes: a token-less
+        `started` output, cheaper than vLLM's output object for that token (`_started`). The co-serving
+        executor streams: serving requests go out token by token, and a preempted rollout resumes from
+        the tokens it has."""
         from vllm import SamplingParams
         from vllm.engine.arg_utils import EngineArgs
         from vllm.sampling_params import RequestOutputKind
@@ -165,7 +167,8 @@ class VllmEngine:
         self._version = 0
         # Bound once: `vllm` resolves names lazily, and an import per request was ~7 % of add_request's
         # time (py-spy, 256 guess episodes a round).
-        self._params, self._delta = SamplingParams, RequestOutputKind.DELTA
+        self._params, self._delta, self._final = SamplingParams, RequestOutputKind.DELTA, RequestOutputKind.FINAL_ONLY
+        self._unstarted: dict[str, None] = {}  # not streaming: requests with no token yet, in order
         _request_amx()
         _kernel_overrides_once()
         args = EngineArgs(**engine_kwargs(model_dir, cfg, max_model_len, seed, enable_sleep_mode=sleep_mode,
@@ -200,18 +203,20 @@ class VllmEngine:
             seed=spec.seed,
             logprobs=0,  # the sampled token's log-prob only
             detokenize=False,  # we decode with our own tokenizer
-            output_kind=self._delta,
-            stream_interval=None if self.stream else max_tokens,  # not streaming: the first token, then the end
+            output_kind=self._delta if self.stream else self._final,  # see __init__'s `stream`
             skip_clone=True,  # made for this request alone: vLLM's defensive deep copy was 40 % of add_request
         )
         try:
             self._engine.add_request(request_id, {"prompt_token_ids": list(prompt_token_ids)}, params)
         except ValueError as e:  # vLLM's own input checks (e.g. token ids out of vocabulary)
             raise EngineError(f"vLLM refused request: {e}", request_id=request_id) from None
+        if not self.stream:
+            self._unstarted[request_id] = None
 
     def step(self) -> list[EngineOutput]:
-        outs = []
-        for o in self._engine.step():
+        done = self._engine.step()
+        outs = self._started() if self._unstarted else []
+        for o in done:
             c = o.outputs[0]
             # logprobs=0 gives, per new token, a dict holding the sampled token's log-prob.
             lps = [d[t].logprob for t, d in zip(c.token_ids, c.logprobs or []) if d and t in d]
@@ -226,10 +231,27 @@ class VllmEngine:
                                      c.finish_reason if o.finished else None))
         return outs
 
+    def _started(self) -> list[EngineOutput]:
+        """Before an iteration's outputs: a `started` output for each request that is not streamed and made
+        its first token in that iteration (vLLM's output processor has it no longer prefilling, or done)."""
+        proc = self._engine.output_processor
+        states, internal = proc.request_states, proc.external_req_ids
+        started = []
+        for rid in self._unstarted:
+            ids = internal.get(rid)  # vLLM's own id(s) for ours (it adds a random suffix)
+            state = states.get(ids[0]) if ids else None
+            if state is None or not state.is_prefilling:
+                started.append(rid)
+        for rid in started:
+            del self._unstarted[rid]
+        return [EngineOutput(rid, [], [], False, None, started=True) for rid in started]
+
     def abort(self, request_ids):
         ids = list(request_ids)
         if ids:
             self._engine.abort_request(ids)
+            for rid in ids:
+                self._unstarted.pop(rid, None)
 
     def has_unfinished(self) -> bool:
         return self._engine.has_unfinished_requests()
