@@ -49,6 +49,27 @@ def test_arrow_round_trip(trajs):
         assert row["error"] == t.error
 
 
+
+def test_every_field_lands_in_its_own_column():
+    # to_batch builds rows as tuples in the schema's order: a value in the wrong place must show
+    t = Trajectory(step=3, group_id=4, sample_id=5, env="guess", env_seed=6, env_kwargs='{"high": 9}',
+                   finish_reason="failed", error="boom", worker="tcp://w:1", placement="serving", rollout_s=1.5,
+                   queue_s=0.25, prompt="first", ground_truth="7", env_reward=-2.0)
+    t.add_context([10, 11])
+    t.add_generated([12], [-0.5], [8])
+    t.turn_workers.append("tcp://w:2")
+    t.actions.append("act")
+    t.observations.append("obs")
+    (row,) = to_batch([t], rewards=[0.75]).to_pylist()
+    assert list(row) == TRAJECTORY_SCHEMA.names
+    assert row == {"step": 3, "group_id": 4, "sample_id": 5, "trajectory_id": "s3-g4-i5", "env": "guess",
+                   "env_seed": 6, "env_kwargs": '{"high": 9}', "token_ids": [10, 11, 12], "logprobs": [0.0, 0.0, -0.5],
+                   "loss_mask": [False, False, True], "weight_versions": [-1, -1, 8], "turn_offsets": [2],
+                   "num_turns": 1, "env_reward": -2.0, "reward": 0.75, "finish_reason": "failed", "error": "boom",
+                   "worker": "tcp://w:1", "placement": "serving", "turn_workers": ["tcp://w:2"], "rollout_s": 1.5,
+                   "queue_s": 0.25, "prompt": "first", "actions": ["act"], "observations": ["obs"],
+                   "ground_truth": "7", "reward_terms": []}
+
 def test_flat_tokens_is_zero_copy_into_torch():
     t = Trajectory(0, 0, 0, "guess", 1)
     t.add_context([1, 2, 3])
