@@ -1,10 +1,11 @@
 """Run in its own process by tests/integration/test_engine_outputs.py: the same seeded request through a
 real vLLM engine behind the engine loop, streaming and not (`VllmEngine(stream=...)`). Prints one JSON
 line per mode: the tokens and log-probs the caller got, how many outputs the engine's iterations gave
-for it, and its queue and total seconds."""
+for it, and its queue and total seconds; and the same request streamed without log-probs."""
 import json
 import os
 import sys
+from dataclasses import replace
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -38,6 +39,10 @@ def main(model_dir: str) -> None:
             rid = next(k for k in outputs if k.startswith(f"stream-{stream}#"))
             seen[str(stream)] = {"tokens": g.token_ids, "logprobs": g.logprobs, "versions": g.weight_versions,
                                  "outputs": outputs[rid], "queue_s": g.queue_s, "total_s": g.total_s}
+        # A request that asks for no log-probs (a serving request): the same tokens, and no log-probs.
+        loop.engine.stream = True
+        g = loop.generate([1, 6, 9, 12], replace(spec, logprobs=False), request_id="bare").result(timeout=300)
+        seen["bare"] = {"tokens": g.token_ids, "logprobs": g.logprobs, "finish_reason": g.finish_reason}
     finally:
         loop.close()
     print(json.dumps(seen))

@@ -1,6 +1,7 @@
 """A dedicated worker's engine returns each request's tokens at its end only, with a token-less output at
 its first token (`VllmEngine(stream=False)`): the caller gets the same tokens, log-probs and queue time
-as when every token streams."""
+as when every token streams. A request that asks for no log-probs (the serving front end's) gets the
+same tokens and none."""
 import pytest
 
 from tests.integration.helpers import run_engine_helper
@@ -8,8 +9,12 @@ from tests.integration.helpers import run_engine_helper
 pytestmark = pytest.mark.integration
 
 
-def test_an_engine_that_does_not_stream_gives_the_same_generation_in_two_outputs():
-    seen = run_engine_helper("stream_check.py")
+@pytest.fixture(scope="module")
+def seen():
+    return run_engine_helper("stream_check.py")
+
+
+def test_an_engine_that_does_not_stream_gives_the_same_generation_in_two_outputs(seen):
     streamed, whole = seen["True"], seen["False"]
     n = len(streamed["tokens"])
     assert n > 2  # long enough that the two modes differ in outputs
@@ -19,3 +24,9 @@ def test_an_engine_that_does_not_stream_gives_the_same_generation_in_two_outputs
     assert whole["logprobs"] == pytest.approx(streamed["logprobs"], abs=1e-4)
     for g in (streamed, whole):
         assert 0 < g["queue_s"] < g["total_s"]
+
+
+def test_a_request_that_asks_for_no_logprobs_gets_the_same_tokens_and_none(seen):
+    bare, streamed = seen["bare"], seen["True"]
+    assert bare["tokens"] == streamed["tokens"] and bare["logprobs"] == []
+    assert bare["finish_reason"] == "length"  # not aborted for missing log-probs

@@ -153,7 +153,7 @@ class ServingFrontend:
         if body.get("ignore_eos", False):
             stop = ()
         spec = SamplingSpec(max_tokens=max_tokens, temperature=float(temperature), top_p=float(top_p),
-                            stop_token_ids=stop, seed=seed)
+                            stop_token_ids=stop, seed=seed, logprobs=False)  # the reply carries text only
         stream = bool(body.get("stream", False))
         return ids, spec, stream, stream and options.get("include_usage", False)
 

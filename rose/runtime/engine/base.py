@@ -22,6 +22,10 @@ class SamplingSpec:
     top_p: float = 1.0
     stop_token_ids: tuple[int, ...] = ()  # generation ends after emitting one of these (it is kept)
     seed: int | None = None  # per-request sampling seed; None = engine's RNG
+    # Each new token's log-prob comes with it (a rollout's behaviour log-probs). The serving front end asks
+    # for none: its clients get text, and vLLM's log-softmax over the vocabulary was 14 % of a serving
+    # step of 20 sequences here (1.43 against 1.23 ms).
+    logprobs: bool = True
 
 
 @dataclass(frozen=True)
@@ -30,7 +34,7 @@ class EngineOutput:
 
     request_id: str
     token_ids: list[int]  # tokens produced in this iteration (delta)
-    logprobs: list[float]  # log-prob of each new token under the behaviour policy
+    logprobs: list[float]  # log-prob of each new token under the behaviour policy ([]: the request asked for none)
     finished: bool
     finish_reason: str | None  # "stop" | "length" | "abort" | None while running
     error: str | None = None  # the engine failed this request (finished is then True)

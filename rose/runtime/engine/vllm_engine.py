@@ -169,6 +169,7 @@ class VllmEngine:
         # time (py-spy, 256 guess episodes a round).
         self._params, self._delta, self._final = SamplingParams, RequestOutputKind.DELTA, RequestOutputKind.FINAL_ONLY
         self._unstarted: dict[str, None] = {}  # not streaming: requests with no token yet, in order
+        self._bare: set[str] = set()  # requests in flight that asked for no log-probs
         _request_amx()
         _kernel_overrides_once()
         args = EngineArgs(**engine_kwargs(model_dir, cfg, max_model_len, seed, enable_sleep_mode=sleep_mode,
@@ -201,7 +202,7 @@ class VllmEngine:
             top_p=spec.top_p,
             stop_token_ids=list(spec.stop_token_ids),
             seed=spec.seed,
-            logprobs=0,  # the sampled token's log-prob only
+            logprobs=0 if spec.logprobs else None,  # the sampled token's log-prob only, where asked for
             detokenize=False,  # we decode with our own tokenizer
             output_kind=self._delta if self.stream else self._final,  # see __init__'s `stream`
             skip_clone=True,  # made for this request alone: vLLM's defensive deep copy was 40 % of add_request
@@ -212,12 +213,20 @@ class VllmEngine:
             raise EngineError(f"vLLM refused request: {e}", request_id=request_id) from None
         if not self.stream:
             self._unstarted[request_id] = None
+        if not spec.logprobs:
+            self._bare.add(request_id)
 
     def step(self) -> list[EngineOutput]:
         done = self._engine.step()
         outs = self._started() if self._unstarted else []
         for o in done:
             c = o.outputs[0]
+            reason = c.finish_reason if o.finished else None
+            if c.logprobs is None and o.request_id in self._bare:  # it asked for none
+                if o.finished:
+                    self._bare.discard(o.request_id)
+                outs.append(EngineOutput(o.request_id, list(c.token_ids), [], o.finished, reason))
+                continue
             # logprobs=0 gives, per new token, a dict holding the sampled token's log-prob.
             lps = [d[t].logprob for t, d in zip(c.token_ids, c.logprobs or []) if d and t in d]
             if len(lps) != len(c.token_ids):
@@ -227,8 +236,7 @@ class VllmEngine:
                 outs.append(EngineOutput(o.request_id, [], [], True, "abort",
                                          error=f"vLLM returned {len(lps)} log-probs for {len(c.token_ids)} tokens"))
                 continue
-            outs.append(EngineOutput(o.request_id, list(c.token_ids), [float(x) for x in lps], o.finished,
-                                     c.finish_reason if o.finished else None))
+            outs.append(EngineOutput(o.request_id, list(c.token_ids), [float(x) for x in lps], o.finished, reason))
         return outs
 
     def _started(self) -> list[EngineOutput]:
@@ -252,6 +260,7 @@ class VllmEngine:
             self._engine.abort_request(ids)
             for rid in ids:
                 self._unstarted.pop(rid, None)
+                self._bare.discard(rid)
 
     def has_unfinished(self) -> bool:
         return self._engine.has_unfinished_requests()
