@@ -183,6 +183,12 @@ class VllmEngine:
         dtypes = set(self._engine.collective_rpc(param_dtypes)[0])
         self.param_dtype = dtypes.pop() if len(dtypes) == 1 else None  # a torch dtype
         self._scheduler = None  # vLLM's scheduler, found on the first KV read
+        # Where a request not streamed shows its first token (`_started`): vLLM's own bookkeeping, read as is
+        self._output_processor = self._engine.output_processor
+        if not hasattr(self._output_processor, "request_states") or \
+                not hasattr(self._output_processor, "external_req_ids"):
+            raise EngineError("this vLLM's output processor keeps no request_states / external_req_ids, which "
+                              "ROSE reads for a request's first token (vLLM 0.32 has both)")
         self.slowest_reload_step_ms = 0.0  # the longest step of a staged reload so far (`StagedLoad`)
 
     @property
@@ -240,9 +246,10 @@ class VllmEngine:
         return outs
 
     def _started(self) -> list[EngineOutput]:
-        """Before an iteration's outputs: a `started` output for each request that is not streamed and made
-        its first token in that iteration (vLLM's output processor has it no longer prefilling, or done)."""
-        proc = self._engine.output_processor
+        """A `started` output (put first among an iteration's) for each request that is not streamed and
+        made its first token in that iteration: vLLM's output processor has it no longer prefilling, or
+        done."""
+        proc = self._output_processor
         states, internal = proc.request_states, proc.external_req_ids
         started = []
         for rid in self._unstarted:
