@@ -10,8 +10,9 @@ them online, then capped by the KV memory left beside serving. SLO check per tic
 percentile of the tick's load, with the rollout batch at the full offer: TPOT = serving step + the
 rollout steps the controller runs beside it (a prefill-swollen serving step runs alone: the
 controller lets the rollout batch wait it out), TTFT = the iteration under way when the request
-arrives, then the prompt's prefill chunks, each with one rollout step until the request has waited
-`ttft_guard` of its budget (the controller skips rollout after that).
+arrives, run out, then the prompt's prefill chunks, the first token with the last one; between two
+chunks, the period's rollout steps while the wait stays inside `ttft_guard` of the TTFT budget, then
+one step until the request has waited that long (the controller skips rollout after that).
 """
 from __future__ import annotations
 
@@ -129,10 +130,14 @@ class ServingFleet:
         r_ms = r.decode_ms(rollout_n)
         s_ms = s.decode_ms(b99) + self.overhead_ms
         tpot = max(s_ms + k * r_ms if decodes > 0 else 0.0, s_ms + s.prefill_ms_per_token * self.chunk)
-        t, left, guard = 0.0, self.shape.prompt_p99, self.slo.ttft_guard * self.slo.ttft_ms
-        t += s_ms + k * r_ms  # the iteration in progress when the request arrives (then one step at most)
-        while left > 0:
+        left, guard = self.shape.prompt_p99, self.slo.ttft_guard * self.slo.ttft_ms
+        t = s_ms + k * r_ms  # the iteration under way when the request arrives runs its steps out
+        while True:
             chunk = min(left, self.chunk)
-            t += s_ms + s.prefill_ms_per_token * chunk + (r_ms if t < guard else 0.0)
             left -= chunk
-        return tpot <= self.slo.tpot_ms and t <= self.slo.ttft_ms, tpot, t
+            t += s_ms + s.prefill_ms_per_token * chunk  # the first token comes with the last chunk's step
+            if left <= 0:
+                return tpot <= self.slo.tpot_ms and t <= self.slo.ttft_ms, tpot, t
+            # before the next chunk: the period's rollout steps while the wait stays inside the guard, then
+            # one step until the guard, then none
+            t += k * r_ms if t + k * r_ms < guard else (r_ms if t < guard else 0.0)

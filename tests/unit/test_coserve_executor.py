@@ -290,8 +290,8 @@ def test_the_rollout_capacity_offered_leaves_room_for_serving_decodes_not_one_pr
 class FixedSteps(SloController):
     """Admits everything and plans `steps` rollout steps an iteration in a period of `budget_ms`."""
 
-    def __init__(self, steps: int, budget_ms: float):
-        super().__init__(SloConfig(ttft_ms=1000, tpot_ms=1000))
+    def __init__(self, steps: int, budget_ms: float, ttft_ms: float = 1000.0):
+        super().__init__(SloConfig(ttft_ms=ttft_ms, tpot_ms=1000))
         self.steps, self.budget_ms = steps, budget_ms
 
     def plan(self, serving, rollout):
@@ -300,20 +300,54 @@ class FixedSteps(SloController):
                              rollout_tokens=len(rollout.running) + len(rollout.waiting), rollout_steps=self.steps)
 
 
-def test_the_executor_runs_the_planned_rollout_steps_back_to_back_and_a_serving_arrival_ends_them():
+def test_the_executor_runs_the_planned_rollout_steps_back_to_back_and_a_serving_arrival_near_its_guard_ends_them():
     ex = CoServingExecutor(FakeEngine(), FakeEngine(), FixedSteps(4, budget_ms=1000.0))
     try:
         g = ex.generate([1, 2], SamplingSpec(max_tokens=12)).result(timeout=10)
         assert len(g.token_ids) == 12
         assert ex.stats["rollout_steps"] == 12 and ex.stats["iterations"] <= 4  # four steps an iteration
-        assert not ex._serving_waiting()
-        ex._serves_sent += 1  # a serving request handed in but not yet taken: no extra steps
-        assert ex._serving_waiting()
+        assert ex._first_token_wait_ms(time.perf_counter()) is None  # no serving request waits
+        ex._serves_sent += 1  # a serving request handed in but not yet taken: it came during this iteration
+        begun = time.perf_counter() - 0.4
+        assert 400 <= ex._first_token_wait_ms(begun) < 1000
+        # the guard (0.5 of a 1000 ms TTFT) holds 100 ms more after 300 ms of waiting, not after 400
+        assert ex.controller.first_token_can_wait(300.0, 100.0) and not ex.controller.first_token_can_wait(400.0, 100.0)
         ex._serves_sent -= 1
         served = ex.serve([4, 5], SamplingSpec(max_tokens=4))
         assert served.collect(timeout=10)[1] == "length"
     finally:
         ex.close()
+
+
+class ServesAtStep(FakeEngine):
+    """A rollout engine whose `at`-th step hands its executor a serving request (a user's arrival mid-period),
+    and that notes the executor's iteration at each of its steps."""
+
+    def __init__(self, at: int):
+        super().__init__()
+        self.at, self.ex, self.served, self.iterations = at, None, None, []
+
+    def step(self):
+        if self.ex is None:  # warming up, inside the executor's construction
+            return super().step()
+        self.iterations.append(self.ex.stats["iterations"])
+        if len(self.iterations) == self.at:
+            self.served = self.ex.serve([4, 5], SamplingSpec(max_tokens=2))
+        return super().step()
+
+
+def test_a_serving_arrival_ends_the_extra_rollout_steps_only_where_waiting_them_out_would_pass_its_ttft_guard():
+    # a period of up to 1000 ms: inside the guard of a 10 s TTFT (5 s), past that of a 1 s one (500 ms)
+    for ttft_ms, first_iteration in ((10_000.0, 8), (1000.0, 2)):
+        engine = ServesAtStep(at=2)
+        ex = CoServingExecutor(FakeEngine(), lambda: engine, FixedSteps(8, budget_ms=1000.0, ttft_ms=ttft_ms))
+        try:
+            engine.ex = ex
+            assert len(ex.generate([1, 2], SamplingSpec(max_tokens=8)).result(timeout=10).token_ids) == 8
+            assert engine.iterations.count(engine.iterations[0]) == first_iteration
+            assert engine.served.collect(timeout=10)[1] == "length"  # served once the steps end
+        finally:
+            ex.close()
 
 
 def test_the_executor_checks_each_serving_period_against_its_plan():

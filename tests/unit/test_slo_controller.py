@@ -1,4 +1,6 @@
 """The co-serving controller's decisions: pure, property-tested."""
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -55,7 +57,11 @@ def test_rollout_never_runs_over_the_budget_and_caps_hold(s):
                                                                      + len(plan.rollout_admit))
         assert plan.rollout_ms + more <= plan.budget_ms + 1e-9
     assert 1 <= plan.rollout_steps <= ctl.slo.max_rollout_steps if plan.rollout_step else plan.rollout_steps == 0
-    if serving.waiting_prompt_tokens or not serving.decoding:  # a request waits, or no TPOT to keep: one step
+    if not (serving.decoding or serving.waiting_prompt_tokens):  # no TPOT to keep: one step an iteration
+        assert plan.rollout_steps <= 1
+    # A request whose prompt this serving step does not prefill whole waits the period out only inside its guard.
+    if (sum(serving.waiting_prompt_tokens) > ctl.prefill_chunk
+            and serving.oldest_wait_ms + plan.budget_ms >= ctl.slo.ttft_guard * ctl.slo.ttft_ms):
         assert plan.rollout_steps <= 1
     running = ({r.request_id: r for r in rollout.running}.keys() - set(plan.rollout_preempt)) | set(plan.rollout_admit)
     kv = {r.request_id: r.kv_tokens for r in rollout.running + rollout.waiting}
@@ -244,9 +250,14 @@ def test_a_loose_tpot_budget_holds_several_rollout_steps_a_strict_one_alternates
     tight = SloController(SloConfig(ttft_ms=1000, tpot_ms=25), serving_model=_model(8, 0.05),
                           rollout_model=_model(9, 0.1))
     assert tight.plan(serving, RolloutView(running)).rollout_steps == 1  # 21 - 8.4 = 12.9 ms: one step
-    # a request waiting for its first token: one step only, whatever the budget
+    # a request this serving step prefills whole has its first token when the step ends: the steps go on
     waiting = ServingView(decoding=8, waiting_prompt_tokens=(20,), oldest_wait_ms=1.0)
-    assert loose.plan(waiting, RolloutView(running)).rollout_steps == 1
+    assert loose.plan(waiting, RolloutView(running)).rollout_steps == 11
+    # one whose prompt needs more prefill steps waits the period out only while inside the TTFT guard (500 ms)
+    long = ServingView(decoding=8, waiting_prompt_tokens=(loose.prefill_chunk + 1,), oldest_wait_ms=1.0)
+    assert loose.plan(long, RolloutView(running)).rollout_steps > 1
+    late = replace(long, oldest_wait_ms=420.0)  # 420 ms + a period of up to ~100 ms would pass 500
+    assert loose.plan(late, RolloutView(running)).rollout_steps == 1
 
 
 def test_latency_model_keeps_admissions_apart_from_the_decode_line():

@@ -2,8 +2,9 @@
 
 Every iteration it asks the `SloController` for a plan and applies it: preempt the rollout sequences
 the plan names (abort them in the engine, keep their tokens), admit the ones it allows, step the
-serving engine, then the rollout engine as many times as the plan says (a serving request that
-arrives meanwhile, or a period that has used its budget as measured, cuts the extra steps short).
+serving engine, then the rollout engine as many times as the plan says (a period that has used its
+budget as measured cuts the extra steps short, and so does a serving request that arrives meanwhile
+if waiting the period out would take it past its TTFT guard: `SloController.first_token_can_wait`).
 Each step's measured time feeds the controller's latency model. A preempted rollout sequence later
 resumes from its prompt plus the tokens it had, as a new engine request for what is left; its caller
 sees one `Generation`. Rollout callers see a `RolloutEngine`, as on a dedicated worker, so the agent
@@ -194,6 +195,7 @@ class CoServingExecutor(CommandThread):
         # "wake" (a weight load staged): nothing to apply; the thread looks at its work again
 
     def _work(self) -> float:  # one iteration; returns the seconds to wait before the next
+        t_work = time.perf_counter()
         serving = serving_view(self.serving, self._serving_reqs.values(), time.perf_counter())
         rollout = rollout_view(self.rollout, self._running, self._waiting, self._asleep, self._waited)
         plan = self.controller.plan(serving, rollout)
@@ -239,9 +241,11 @@ class CoServingExecutor(CommandThread):
             limit_ms = plan.budget_ms + plan.serving_ms  # the period's budget, from the serving step's start
             admit_more = self._waiting and not plan.rollout_preempt
             for _ in range(plan.rollout_steps - 1):
-                if not self._running or self._serving_waiting():
-                    break
                 left_ms = limit_ms - (time.perf_counter() - t_start) * 1e3
+                waited_ms = self._first_token_wait_ms(t_work)
+                if not self._running or (waited_ms is not None
+                                         and not self.controller.first_token_can_wait(waited_ms, left_ms)):
+                    break
                 admitted = context = 0
                 if admit_more and self._waiting:
                     view = rollout_view(self.rollout, self._running, self._waiting, self._asleep, self._waited)
@@ -264,8 +268,13 @@ class CoServingExecutor(CommandThread):
             return 0.001  # nothing can run now (caps); do not spin
         return 0.0
 
-    def _serving_waiting(self) -> bool:
-        return self._serves_sent != self._serves_applied or any(q.t_first is None for q in self._serving_reqs.values())
+    def _first_token_wait_ms(self, t_work: float) -> float | None:
+        """How long the oldest serving request without its first token has waited (ms; None: none waits).
+        One handed in but not yet taken arrived during this iteration, begun at `t_work` (perf_counter s)."""
+        oldest = min((q.t_arrival for q in self._serving_reqs.values() if q.t_first is None), default=None)
+        if self._serves_sent != self._serves_applied:
+            oldest = t_work if oldest is None else min(oldest, t_work)
+        return None if oldest is None else (time.perf_counter() - oldest) * 1e3
 
     def _admit_ids(self, ids) -> tuple[int, int]:
         """Put the waiting requests `ids` in the rollout engine: (how many went in, their context tokens)."""

@@ -22,10 +22,14 @@ rollout steps: those are what the plan budgets. Each iteration the controller
    otherwise, or after that, preempts running sequences, newest first, until the batch fits. Serving's
    need for KV memory preempts at once. Preempted sequences keep their tokens and resume later, but
    resuming recomputes their context;
-6. beside a serving step with no request waiting for its first token, plans as many more decode
-   steps of the running batch as the budget still holds, up to `max_rollout_steps` in all: with
-   strict alternation every rollout token would cost a whole serving step, on devices where a
-   serving step is a large part of the period and the TPOT budget is several periods long.
+6. beside a serving step, plans as many more decode steps of the running batch as the budget still
+   holds, up to `max_rollout_steps` in all: with strict alternation every rollout token would cost a
+   whole serving step, on devices where a serving step is a large part of the period and the TPOT
+   budget is several periods long. A request that this serving step prefills whole has its first
+   token when the step ends; one whose prompt needs more steps, or one that arrives during the
+   period, waits the period out only while that keeps it inside `ttft_guard` of its TTFT budget
+   (`first_token_can_wait`). Ending the period at every arrival cost serving a step, and rollout the
+   rest of its period, once a request: with arrivals a period apart, most periods.
 
 `SloController.plan` returns an `IterationPlan`, a plain record; the executor only applies it.
 """
@@ -161,6 +165,11 @@ class SloController:
             return 0
         return max(0, min(self.slo.max_rollout_steps - 1, int((budget_ms - first_ms) // step)))
 
+    def first_token_can_wait(self, waited_ms: float, more_ms: float) -> bool:
+        """Whether a serving request that has waited `waited_ms` for its first token may wait `more_ms` more
+        (rollout steps before its next prefill step) and stay inside the TTFT guard (`SloConfig.ttft_guard`)."""
+        return waited_ms + more_ms < self.slo.ttft_guard * self.slo.ttft_ms
+
     def steps_beside(self, serving_tokens: int, seqs: int) -> int:
         """Rollout steps an iteration runs beside a serving step of `serving_tokens` with `seqs` running
         rollout sequences, once none is being admitted (what `plan` gives a steady batch)."""
@@ -211,8 +220,11 @@ class SloController:
             first = self.rollout_model.predict(len(running), len(admit), context) if tokens else 0.0
             steps = 0
             if step and tokens > 0:
-                # More steps only beside a serving step, never while a request waits for its first token.
-                beside = s_tokens and not serving.waiting_prompt_tokens
+                # More steps only beside a serving step. A request this serving step prefills whole has its
+                # first token when the step ends (it is sent while the rollout steps run); one whose prompt
+                # needs more steps waits the period out only while that keeps it inside the TTFT guard.
+                prefilled = sum(serving.waiting_prompt_tokens) <= self.prefill_chunk
+                beside = s_tokens and (prefilled or self.first_token_can_wait(serving.oldest_wait_ms, budget))
                 steps = 1 + (self.extra_steps(budget, first, len(running)) if beside else 0)
             return IterationPlan(s_tokens, s_ms, step and tokens > 0, tuple(admit),
                                  tuple(r.request_id for r in preempt), tokens,

@@ -28,7 +28,9 @@ class SloConfig:
     margin_max: float = 0.4
     learn_margin: bool = True
     margin_window: int = 16  # iterations a serving request's TPOT averages over (about its output tokens)
-    ttft_guard: float = 0.5  # a waiting request older than this fraction of ttft_ms stops rollout steps
+    # A waiting request older than this fraction of ttft_ms stops rollout steps; extra steps stop before a
+    # request's wait would pass it.
+    ttft_guard: float = 0.5
     # Iterations in a row a running rollout batch too slow for this iteration's budget may wait before
     # its newest sequences are preempted (a preemption costs an admission and a recomputed context).
     rollout_waits: int = 3

@@ -101,6 +101,31 @@ def test_the_slo_check_catches_a_controller_that_ignores_the_budget(monkeypatch)
     assert greedy.slo_violations > 0 and greedy.slo_violations_alone == 0
 
 
+def test_a_prompt_waits_out_rollout_periods_between_its_prefill_chunks_only_inside_the_ttft_guard():
+    import numpy as np
+
+    from rose.sim.costs import LinearCost
+
+    cost = LinearCost(a_ms=2.0, b_ms=0.1, prefill_ms_per_token=0.01, max_seqs=64, cold_start_s=0.0, wake_s=0.0,
+                      weight_bytes=0.0)
+
+    def ttft(prompt: int, ttft_ms: float) -> tuple[float, float, float, float]:
+        shape = serving.RequestShape(prompt_mean=prompt, prompt_p99=prompt, gen_mean=10.0)
+        fleet = serving.ServingFleet(slo_mod.SloConfig(ttft_ms, 100.0), cost, cost, shape, 1e12, 1e12, 1.0, 0.0, 512,
+                                     np.random.default_rng(0))
+        s_ms, r_ms = cost.decode_ms(float(serving.p99(8))), cost.decode_ms(32)
+        return fleet.slo_ok(8, 32)[2], s_ms, r_ms, fleet.steps(8, 32) * r_ms
+
+    # one chunk: the iteration under way, then its prefill step, whose end brings the first token
+    t, s_ms, r_ms, period = ttft(100, 10_000.0)
+    assert period > r_ms and t == pytest.approx(s_ms + period + s_ms + 1.0)
+    assert ttft(100, 20.0)[0] == pytest.approx(t)  # the guard has nothing to hold back
+    # three chunks inside a loose guard: the period's rollout steps before each of the next two
+    assert ttft(1536, 10_000.0)[0] == pytest.approx(s_ms + period + 3 * (s_ms + 5.12) + 2 * period)
+    # a guard (10 ms) the first chunk's wait has passed: no rollout step between the chunks
+    assert ttft(1536, 20.0)[0] == pytest.approx(s_ms + period + 3 * (s_ms + 5.12))
+
+
 def test_bursty_load_sheds_and_nothing_is_lost():
     r = run(replace(SMALL, trace="bursty", serving_rps=20.0, prompts=96, load_tick_s=5.0), "rose")
     assert r.sheds > 0
