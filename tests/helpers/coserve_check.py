@@ -19,7 +19,9 @@ def main(model_dir: str) -> None:
         """The real controller, except that on the given iterations it preempts all rollout work."""
 
         def __init__(self, at):
-            super().__init__(SloConfig(ttft_ms=60_000, tpot_ms=60_000))
+            # One rollout step an iteration, so that the rollouts are still running at the iterations named
+            # (with a 60 s TPOT the budget holds 16 steps an iteration, and they finish within three)
+            super().__init__(SloConfig(ttft_ms=60_000, tpot_ms=60_000, max_rollout_steps=1))
             self.at, self.n = set(at), 0
 
         def plan(self, serving, rollout):
