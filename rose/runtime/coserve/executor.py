@@ -196,7 +196,7 @@ class CoServingExecutor(CommandThread):
 
     def _work(self) -> float:  # one iteration; returns the seconds to wait before the next
         t_work = time.perf_counter()
-        serving = serving_view(self.serving, self._serving_reqs.values(), time.perf_counter())
+        serving = serving_view(self.serving, self._serving_reqs.values(), t_work)
         rollout = rollout_view(self.rollout, self._running, self._waiting, self._asleep, self._waited)
         plan = self.controller.plan(serving, rollout)
         self.last_plan = plan

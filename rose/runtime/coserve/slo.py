@@ -182,7 +182,8 @@ class SloController:
         return 1 + self.extra_steps(budget, first, seqs) if first <= budget else 0
 
     def plan(self, serving: ServingView, rollout: RolloutView) -> IterationPlan:
-        prefill = min(sum(serving.waiting_prompt_tokens), self.prefill_chunk)
+        waiting_tokens = sum(serving.waiting_prompt_tokens)  # prompt tokens still to prefill
+        prefill = min(waiting_tokens, self.prefill_chunk)
         s_tokens = serving.decoding + prefill
         s_admits = len(serving.waiting_prompt_tokens)
         s_ms = self.serving_model.predict(s_tokens, s_admits, prefill)
@@ -223,8 +224,8 @@ class SloController:
                 # More steps only beside a serving step. A request this serving step prefills whole has its
                 # first token when the step ends (it is sent while the rollout steps run); one whose prompt
                 # needs more steps waits the period out only while that keeps it inside the TTFT guard.
-                prefilled = sum(serving.waiting_prompt_tokens) <= self.prefill_chunk
-                beside = s_tokens and (prefilled or self.first_token_can_wait(serving.oldest_wait_ms, budget))
+                beside = s_tokens and (waiting_tokens == prefill
+                                       or self.first_token_can_wait(serving.oldest_wait_ms, budget))
                 steps = 1 + (self.extra_steps(budget, first, len(running)) if beside else 0)
             return IterationPlan(s_tokens, s_ms, step and tokens > 0, tuple(admit),
                                  tuple(r.request_id for r in preempt), tokens,
