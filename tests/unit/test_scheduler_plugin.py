@@ -109,3 +109,37 @@ def test_a_parked_rollout_keeps_its_width_and_version_when_a_later_graph_names_i
     t = plugin.book.tasks[key]
     assert (t.width, t.min_version, t.group) == (8, 2, "g/2")
     assert plugin.errors == 0
+
+
+def _task(key, state, *waiting_on):
+    return SimpleNamespace(key=key, state=state, waiting_on=list(waiting_on))  # a TaskState, as far as looked
+
+
+def test_a_colocated_worker_takes_nothing_new_once_its_train_step_waits_only_for_scores():
+    """A train task whose rollouts have all ended starts once their scores are in: rollouts a colocated
+    worker took in between would be shed moments later (an asynchronous step's next rollouts can be
+    placed in that window). Its other workers keep their slots, and running work is not shed for it."""
+    sent = []
+    plugin = _plugin_with_workers(sent)
+    rollout = "rose-rollout-guess-rollout-s1-g0"
+    plugin.book.tasks[rollout] = RolloutTask(rollout, 8)
+    plugin.book.inflight["tcp://d"]["rose-rollout-a"] = InFlight("rose-rollout-a", 8, 1.0)
+    plugin.update_graph(plugin.scheduler, tasks=["g-train-s1"], annotations={"rose-trains": {"g-train-s1": True}})
+    ro = _task(rollout, "processing")
+    score = _task("g-reward-s1-0", "waiting", ro)  # a chain: train <- reward <- rollout
+    train = _task("g-train-s1", "waiting", score, _task("g-train-s0", "memory"))
+    plugin.scheduler.tasks.update({t.key: t for t in (ro, score, train)})
+
+    def slots():
+        plugin._dispatch()
+        return _slot(plugin, "tcp://d").slots, _slot(plugin, "tcp://s").slots
+
+    assert slots() == (16, 16)  # its rollout still runs: the train step is not due
+    ro.state, score.waiting_on, score.state = "memory", [], "processing"
+    assert slots() == (0, 16)  # only the score is left
+    assert sent == [] and plugin.errors == 0  # nothing shed for it: the train step's start sheds
+    train.state, train.waiting_on = "processing", []
+    plugin.transition("g-train-s1", "waiting", "processing", stimulus_id="t")
+    plugin.transition("g-train-s1", "processing", "memory", stimulus_id="t")
+    train.state = "memory"
+    assert slots() == (16, 16) and plugin.errors == 0

@@ -47,6 +47,9 @@ class PlacementBook:
         self.events: collections.deque[LogEntry] = collections.deque(maxlen=events_len)
         self.history: collections.deque[Sample] = collections.deque(maxlen=history_len)
         self.training: set[str] = set()  # keys of train tasks running now (colocated workers yield)
+        # A train task waits only for tasks outside the book (the scores of rollouts that ended): it starts in
+        # moments. Set by the plugin before each dispatch; colocated workers take nothing new meanwhile.
+        self.train_due = False
         self.last_busy = now  # last time a rollout waited or ran (for the elastic scaler) (s)
         self.waiting_warning: str | None = None  # why parked tasks wait with no worker to take them
         # rose: move the tail off serving workers once dedicated ones have room (`plan_migrate`). Off by
@@ -169,7 +172,7 @@ class PlacementBook:
         if r is None or addr not in running or not r.is_rollout:
             return None
         used = sum(t.width for t in self.inflight.get(addr, {}).values())
-        slots = 0 if self.training and r.colocated else int(r.slots)
+        slots = 0 if (self.training or self.train_due) and r.colocated else int(r.slots)
         return WorkerSlot(addr, r.role, slots, used, int(r.weight_version))
 
     def view(self, running: Container[str]) -> list[WorkerSlot]:

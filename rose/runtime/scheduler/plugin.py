@@ -26,6 +26,7 @@ from tornado.ioloop import PeriodicCallback
 
 from rose.runtime.placement import RolloutTask
 from rose.runtime.protocol import PLUGIN_NAME, TOPIC, YIELDED_OP, Annotation, WorkerReport, is_rollout_task
+from rose.runtime.scheduler.barrier import KeyBarrier
 from rose.runtime.scheduler.book import Dispatch, Instruction, PlacementBook, Shed
 
 logger = logging.getLogger("rose.scheduler")
@@ -66,6 +67,7 @@ class RoseScheduler(SchedulerPlugin):
                                   migrate=migrate)
         self.scheduler = None
         self.train_keys: set[str] = set()  # tasks annotated Annotation.TRAINS, until forgotten
+        self.barrier = KeyBarrier()  # callers of `rose_keys_done`: an asynchronous step's sync before its commit
         self.errors = 0  # hook failures so far
         self.last_error: str | None = None
         self._kick_pending = False
@@ -80,6 +82,7 @@ class RoseScheduler(SchedulerPlugin):
         self.scheduler = scheduler
         scheduler.handlers["rose_state"] = self._h_state
         scheduler.handlers["rose_elastic_demand"] = self._h_elastic_demand
+        scheduler.handlers["rose_keys_done"] = self._h_keys_done
         scheduler.stream_handlers[YIELDED_OP] = self._h_yielded
         self._pc = PeriodicCallback(self._tick, TICK_S * 1000)
         self._pc.start()
@@ -115,6 +118,8 @@ class RoseScheduler(SchedulerPlugin):
     # ---------------------------------------------------------------- task state
     @_guarded
     def transition(self, key, start, finish, *args, stimulus_id=None, **kwargs):
+        if key in self.barrier:
+            self.barrier.transition(key, finish)
         if key not in self.train_keys and key not in self.book.tasks:
             return  # the hot path: most transitions are of tasks this plugin does not manage
         sid = stimulus_id or f"rose-transition-{time.time()}"
@@ -200,11 +205,35 @@ class RoseScheduler(SchedulerPlugin):
         waiting = (ts for ts in self.scheduler.unrunnable if ts.key in self.book.tasks)
         return [ts.key for ts in sorted(waiting, key=lambda ts: ts.priority)]
 
+    def _train_due(self) -> bool:
+        """Whether a train task waits only for tasks this plugin does not place (the scores of rollouts that
+        have ended): it starts in moments, and what a colocated worker took now it would shed then."""
+        for key in self.train_keys:
+            ts = self.scheduler.tasks.get(key)
+            if ts is not None and ts.state in ("waiting", "queued", "no-worker") and not self._waits_on_rollouts(ts):
+                return True
+        return False
+
+    def _waits_on_rollouts(self, ts) -> bool:
+        """Whether a managed rollout task is among what `ts` still waits for, however deep (a graph may
+        chain reward nodes between its rollouts and its train node)."""
+        stack, seen = list(ts.waiting_on or ()), set()
+        while stack:
+            dep = stack.pop()
+            if dep.key in seen:
+                continue
+            seen.add(dep.key)
+            if dep.key in self.book.tasks and dep.state != "memory":
+                return True
+            stack.extend(dep.waiting_on or ())
+        return False
+
     @_guarded
     def _dispatch(self) -> None:
         self._kick_pending = False
         now = time.monotonic()
         sid = f"rose-dispatch-{now}"
+        self.book.train_due = self._train_due()
         assignments = self.book.dispatch(self.parked(), now, self.running(), sid)
         if not assignments:
             return
@@ -224,6 +253,7 @@ class RoseScheduler(SchedulerPlugin):
     @_guarded
     def _tick(self) -> None:
         now = time.monotonic()
+        self.book.train_due = self._train_due()
         # what waits matters only to tail migration: counted only when the book migrates
         waiting = self._parked_count() if self.book.migrate else 0
         self._apply(self.book.tick(now, self.running(), f"rose-tick-{now}", waiting=waiting))
@@ -234,10 +264,15 @@ class RoseScheduler(SchedulerPlugin):
         started = self.scheduler is not None
         running, parked = (self.running(), len(self.parked())) if started else (set(), 0)
         st = self.book.state(time.monotonic(), running, parked)
-        return dict(st, errors=self.errors, last_error=self.last_error)
+        return dict(st, errors=self.errors, last_error=self.last_error,
+                    barrier={"calls": self.barrier.calls, "waited": self.barrier.waited, "keys": len(self.barrier)})
 
     def _h_state(self) -> dict:
         return self.state()
+
+    async def _h_keys_done(self, keys=()) -> dict:
+        """Reply once every task of `keys` has ended (in memory, erred or forgotten): barrier.py."""
+        return {"waited_for": await self.barrier.wait(self.scheduler.tasks, list(keys))}
 
     def _h_elastic_demand(self) -> dict:
         return self.book.elastic_demand(self.parked(), time.monotonic(), self.running())
