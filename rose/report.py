@@ -12,12 +12,14 @@ import pyarrow.parquet as pq
 
 # The columns of `Report.metrics`, one row per step. Seconds: rollout_s (submission, or the end of the
 # sync bringing its weights if that came later, to the last rollout done), train_s (from when training
-# could start to its metrics), trainer_compute_s (inside the train step), sync_s, step_s (one step's share
-# of the run's wall time). rollout_version: the weights its rollouts ran on; weight_version: the weights
-# its train step made. lost / duplicated: the step's trajectory ledger (`rose.ledger`): planned ids its
-# train op never received / extra rows it received. workers_lost: rollout workers that left the run during
-# the step. provenance_checked: trajectories shed and resumed on another worker whose environment the
-# trainer replayed (`rose.envs.provenance`); those that did not replay are `failed`, with the reason.
+# could start to its metrics), trainer_compute_s (inside the train step), sync_s (from its submission, or the
+# driver's look if later, to its statuses; a sync submitted while the next step's rollouts ran: its own
+# time less its wait for them), step_s (one step's share of the run's wall time). rollout_version: the
+# weights its rollouts ran on; weight_version: the weights its train step made. lost / duplicated: the
+# step's trajectory ledger (`rose.ledger`): planned ids its train op never received / extra rows it
+# received. workers_lost: rollout workers that left the run during the step. provenance_checked:
+# trajectories shed and resumed on another worker whose environment the trainer replayed
+# (`rose.envs.provenance`); those that did not replay are `failed`, with the reason.
 # groups_sampled: GRPO groups rolled out; groups_varied: those whose rewards varied (the rest teach
 # nothing); sample_rounds: rollout rounds the step took (dynamic sampling rolls out more until enough
 # groups vary: demand varies by step).

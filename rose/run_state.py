@@ -25,7 +25,8 @@ class RunState:
     """The run's state between actions: the steps in flight, the rows and trajectories of finished ones."""
 
     def __init__(self, pipeline, client, steps: int, run_dir: RunDir, persist: bool, rows: list[dict],
-                 tables: list[pa.Table], trainer_restarts: int, redone: list[dict], prepare_s: float = 0.0):
+                 tables: list[pa.Table], trainer_restarts: int, redone: list[dict], prepare_s: float = 0.0,
+                 early_sync: bool = False):
         self.pipeline, self.client, self.steps = pipeline, client, steps
         self.run_dir, self.persist = run_dir, persist  # persist: also write the report at each checkpoint
         self.fleet: Fleet | None = None
@@ -40,6 +41,10 @@ class RunState:
         self._refetches_counted = 0  # of fleet.refetches, already in a row
         self.t_last = time.perf_counter()
         self.prepare_s = prepare_s  # s spent preparing workers (engine builds), this run's earlier tries included
+        # Asynchronous steps: submit a step's sync as soon as the next step has started (`_start`), to stage
+        # its version while that step's rollouts run and commit once they end, and the next step's train
+        # task, to start once its rewards are in and this step's train task has ended. Needs the plugin.
+        self.early_sync = early_sync
 
     def prepare(self, spec: ModelSpec, ckpt: Checkpoint | None, gone: str | None) -> None:
         """Build every worker's engine or trainer for the run, from `ckpt`'s weights if given."""
@@ -109,7 +114,14 @@ class RunState:
         which its sync is bringing to the engines."""
         before = self.inflight.get(step - 2)
         version = before.trained_version() if before is not None else self.version
-        return Step.start(self.pipeline, self.client, self.fleet, step, version, held=self.version, synced=before)
+        st = Step.start(self.pipeline, self.client, self.fleet, step, version, held=self.version, synced=before)
+        prev = self.inflight.get(step - 1)  # asynchronous: trained (or training) while `st` rolls out
+        if (self.early_sync and prev is not None and "train" in prev.submitted_at and "sync" not in prev.submitted_at
+                and st.samples_once):
+            prev.submit_sync_after(st)
+            if not self._checkpoint_due(prev.step):  # a checkpoint is written between the two train steps
+                st.submit_train_after(prev)
+        return st
 
     def _checkpoint_due(self, step: int) -> bool:
         every = self.pipeline.checkpoint_every

@@ -193,7 +193,7 @@ def _run(pipeline, client, spec, steps, progress, on_step, run_dir, persist, ckp
     with tqdm(total=steps, initial=len(rows), desc=pipeline.name, disable=not progress, unit="step") as bar:
         while True:
             run = RunState(pipeline, client, steps, run_dir, persist, rows, tables, restarts, redone,
-                           run.prepare_s if run else 0.0)
+                           run.prepare_s if run else 0.0, early_sync=placement is not None)
             try:
                 run.prepare(spec, ckpt, gone)
                 # With the plugin, a rollout task waits in the scheduler for an engine at its weight version:

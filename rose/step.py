@@ -80,6 +80,8 @@ class Step:
         # by that sync's future: `start(synced=...)`); empty otherwise.
         self._weights_at: list[float] = []
         self._metrics: dict | None = None  # the train task's, once gathered (`_train_metrics`)
+        self._sync_after = False  # its sync was submitted early, to commit after the next step's rollouts
+        self._train_after: list[float] = []  # its train task was submitted early: when the one before it ended
 
     @classmethod
     def start(cls, pipeline, client, fleet, step: int, version: int, held: int | None = None,
@@ -105,7 +107,10 @@ class Step:
         return st
 
     def submit(self, part: str) -> None:
-        """Submit the tasks of `part` ("gen", "train" or "sync")."""
+        """Submit the tasks of `part` ("gen", "train" or "sync"); a train or sync submitted early
+        (`submit_train_after`, `submit_sync_after`) is not submitted again."""
+        if part in ("train", "sync") and part in self.submitted_at:
+            return
         if part == "train" and self._sampling is not None:
             self.wait()  # the train task takes every round's groups: they are known once the rounds are done
         phases = PARTS[part]
@@ -116,6 +121,40 @@ class Step:
             self._time(self.lowered.keys_of(self.train.name, "metrics"), "train")
         elif part == "sync":
             self._time(self.lowered.keys_of(self.sync.name, "status"), "sync")
+
+    @property
+    def samples_once(self) -> bool:
+        """Whether the step's rollouts are all submitted (no dynamic sampling rounds may follow)."""
+        return self._sampling is None
+
+    def submit_sync_after(self, nxt: "Step") -> None:
+        """Submit this step's sync now, to commit once `nxt`'s rollouts (all submitted) have ended: it
+        stages the trained version on the receivers while they run, and the scheduler tells it when they
+        are done (`rose.ops.train.sync_weights`), so neither the driver's round trip nor the transfer sits
+        between two rollout phases. Needs the placement plugin (its `rose_keys_done` handler)."""
+        if not nxt.samples_once:
+            raise RunError(f"step {nxt.step} may roll out more rounds: step {self.step}'s sync cannot know "
+                           "when its rollouts end", step=self.step)
+        (task,) = [t for t in self.lowered.tasks if t.node == self.sync.name]
+        task.kwargs = {**task.kwargs, "after": tuple(nxt._rollout_keys)}
+        self._sync_after = True
+        self.submit("sync")
+
+    def submit_train_after(self, prev: "Step") -> None:
+        """Submit this step's train task now, to start once its trajectories are scored and `prev`'s train
+        task has ended (a Dask dependency: one trainer trains one step at a time). Its start then waits for
+        no driver round trip, and the placement plugin sees it start (colocated rollout workers yield) about
+        when the next step's rollouts can: submitted by the driver, it came after them, and rollouts placed
+        on a colocated worker in between were shed there moments later."""
+        if not self.samples_once:
+            raise RunError(f"step {self.step} may roll out more rounds: its train task waits for them",
+                           step=self.step)
+        (before,) = [t for t in prev.lowered.tasks if t.node == prev.train.name and t.fn is train_step]
+        (task,) = [t for t in self.lowered.tasks if t.node == self.train.name and t.fn is train_step]
+        self.futures[before.key] = prev.futures[before.key]
+        task.kwargs = {**task.kwargs, "after": Ref(before.key)}
+        self._train_after = prev._done_at["train"]  # the list, not the step: no chain of finished steps
+        self.submit("train")
 
     def _add_rollouts(self, graph, lowered) -> list[str]:
         """Count the rollouts of `graph` (lowered) as the step's: their trajectory ids and task keys."""
@@ -204,13 +243,15 @@ class Step:
         return the step's row and its trajectories."""
         batches = self.client.gather(self._futures(self.train_inputs))
         metrics = self._train_metrics()
-        # From when training could start (submitted, and its rollouts done) to its metrics.
-        ready = max(self.submitted_at["train"], self.rollouts_done)
+        # From when training could start (submitted, its rollouts done, the train step before it ended) to its metrics.
+        ready = max(self.submitted_at["train"], self.rollouts_done, *self._train_after)
         train_s = max(self._done_at["train"] or [time.perf_counter()]) - ready
         t0 = time.perf_counter()
         self._await(self._futures(self.lowered.keys_of(self.sync.name, "status")))
         syncs = self.client.gather(self._futures(self.lowered.keys_of(self.sync.name, "status")))
         sync_s = time.perf_counter() - max(t0, self.submitted_at["sync"])
+        if self._sync_after:  # submitted while the next step's rollouts ran: its own time, less that wait
+            sync_s = max((r.get("seconds", 0.0) - r.get("waited_s", 0.0) for r in syncs), default=0.0)
         statuses = [s for sync_result in syncs for s in sync_result["statuses"]]
         self.fleet.synced_to(statuses)
         new_versions = {s["weight_version"] for s in statuses}

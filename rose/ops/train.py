@@ -11,10 +11,12 @@ from rose.config import GRPOConfig
 from rose.runtime.trajectory import concat
 
 
-def train_step(cfg: GRPOConfig, *batches: pa.RecordBatch) -> dict:
+def train_step(cfg: GRPOConfig, *batches: pa.RecordBatch, after: dict | None = None) -> dict:
     """Task: one GRPO update on all of the step's trajectories, then publish. Returns version, metrics.
     The publish waits for the sync of the version before it while that sync still runs (asynchronous
-    mode: this step trained alongside the previous step's sync; `WeightEndpoint.publish`)."""
+    mode: this step trained alongside the previous step's sync; `WeightEndpoint.publish`). `after`: the
+    previous step's train result, where this task was submitted before that step's train ended (a Dask
+    dependency that orders the two: `Step.submit_train_after`); not read."""
     import time
 
     from rose.runtime.worker import trainer_group as group
@@ -78,16 +80,20 @@ def train_metrics(result: dict) -> dict:
     return dict(result["metrics"])
 
 
-async def sync_weights(result: dict, receivers: tuple[str, ...]) -> dict:
-    """Task (on the trainer): bring every rollout worker in `receivers` to the trained version."""
+async def sync_weights(result: dict, receivers: tuple[str, ...], after: tuple[str, ...] = ()) -> dict:
+    """Task (on the trainer): bring every rollout worker in `receivers` to the trained version. `after`:
+    keys of tasks that must end before any receiver commits it (the next step's rollouts, where this
+    sync was submitted while they run: `Step.submit_sync_after`); the version is staged meanwhile. The
+    placement plugin's scheduler answers the wait (`rose_keys_done`)."""
     from rose.runtime.worker.plugin import rose_worker
 
     w = rose_worker()
+    ready = (lambda: w.worker.scheduler.rose_keys_done(keys=list(after))) if after else None
     try:
         if w.weights.version != result["version"]:
             raise RuntimeError(f"trainer publishes version {w.weights.version}, the train step made "
                                f"{result['version']}")
-        status = await _sync_alive(w, receivers)
+        status = await _sync_alive(w, receivers, ready)
     except BaseException as e:
         w.weights.mark_synced(result["version"], error=f"{type(e).__name__}: {e}")
         raise
@@ -98,7 +104,7 @@ async def sync_weights(result: dict, receivers: tuple[str, ...]) -> dict:
 SYNC_ATTEMPTS = 3  # syncs tried while receivers keep leaving mid-sync
 
 
-async def _sync_alive(w, receivers: tuple[str, ...]) -> dict:
+async def _sync_alive(w, receivers: tuple[str, ...], ready=None) -> dict:
     """Sync to the receivers still in the cluster. Receivers that left since the step was planned are
     skipped (Dask re-placed their rollouts); one that leaves during the sync fails that attempt, and the
     sync is run again to those left (receivers it already reached are at the version and skipped)."""
@@ -115,7 +121,7 @@ async def _sync_alive(w, receivers: tuple[str, ...]) -> dict:
         try:
             before = await receiver_states(w.worker, alive)  # read once: the sync starts from it
             counts = {a: s["refetches"] for a, s in zip(alive, before)}
-            status = await sync_to(w.worker, w.weights, alive, before=before)
+            status = await sync_to(w.worker, w.weights, alive, before=before, ready=ready)
             return status | {"refetches": status.get("refetches", 0) + refetched}
         except Exception as e:
             after = await _refetch_counts(w.worker, alive) if counts else {}

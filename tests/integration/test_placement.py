@@ -125,6 +125,25 @@ def test_asynchronous_steps_train_on_rollouts_one_version_behind(two_workers):
     assert all(w["weight_version"] == 4 for a, w in state["workers"].items() if a in dedicated(client))
 
 
+def test_an_asynchronous_steps_sync_stages_early_and_commits_only_after_the_next_steps_rollouts(two_workers):
+    """With the plugin, step k's sync is submitted as step k+1 starts: it stages while k+1's rollouts run
+    (here each turn waits 0.3 s, so they outlast step k's training) and commits once the scheduler
+    reports them ended. A commit before then would swap weights under running trajectories."""
+    client = two_workers
+    before = plugin_state(client)["barrier"]
+    pipeline = small_pipeline(SLOW, model_env="guess", groups=4, group_size=4, steps=3)
+    report = rose.run(pipeline, cluster=client, steps=3, progress=False, staleness=1)
+    check_complete(report, 48)
+    assert report.metrics["rollout_version"].tolist() == [0, 0, 1]
+    for row in report.trajectories.to_pylist():
+        versions = {v for v, mask in zip(row["weight_versions"], row["loss_mask"]) if mask}
+        assert versions == {max(0, row["step"] - 1)}, row["trajectory_id"]
+    after = plugin_state(client)["barrier"]
+    # steps 0 and 1 synced early, and step 0's sync had to wait for step 1's rollouts
+    assert after["calls"] - before["calls"] == 2 and after["waited"] - before["waited"] >= 1
+    assert after["keys"] == 0 and plugin_state(client)["errors"] == 0
+
+
 def test_killed_worker_rollouts_are_replaced_once(two_workers):
     client = two_workers
     pipeline = small_pipeline(SLOW, model_env="guess", groups=8, group_size=4, steps=2)

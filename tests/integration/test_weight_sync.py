@@ -213,6 +213,47 @@ def test_a_commit_refused_by_one_receiver_is_named_and_the_next_sync_completes_i
     client.run(lambda dask_worker: dask_worker.plugins["rose"].weights.mark_synced(v), workers=[trainer])
 
 
+def _hold(name):
+    from distributed import Event
+
+    return Event(name).wait(120)
+
+
+def _staged(dask_worker):
+    ep = dask_worker.plugins["rose"].weights
+    return ep.version, ep.staged.version if ep.staged is not None else None
+
+
+def test_a_sync_told_to_wait_stages_the_version_and_commits_only_once_those_tasks_end(two_site_cluster):
+    """An asynchronous step's sync runs while the next step's rollouts do: it stages at once, and no
+    engine swaps until the scheduler reports every task it waits on ended (`rose_keys_done`)."""
+    import time
+
+    from distributed import Event
+
+    from rose.ops.train import sync_weights
+
+    client = two_site_cluster
+    rose.run(small_pipeline("guess", groups=1, group_size=4, steps=1), cluster=client, progress=False)
+    trainer, receivers = _roles(client)
+    v = client.run(_publish_next, workers=[trainer])[trainer]
+    hold = client.submit(_hold, "rose-test-hold", workers=[receivers[0]], pure=False)
+    fut = client.submit(sync_weights, {"version": v}, tuple(receivers), after=(hold.key,), workers=[trainer],
+                        pure=False)
+    deadline = time.monotonic() + 60
+    while set(client.run(_staged, workers=receivers).values()) != {(v - 1, v)}:
+        assert time.monotonic() < deadline, client.run(_staged, workers=receivers)
+        time.sleep(0.1)
+    time.sleep(1.0)  # staged everywhere, and still held back
+    assert not fut.done() and client.run(_version, workers=receivers) == {r: v - 1 for r in receivers}
+    Event("rose-test-hold", client=client).set()
+    res = fut.result(timeout=60)
+    assert sorted(s["weight_version"] for s in res["statuses"]) == [v, v] and res["waited_s"] >= 1.0
+    assert client.run(_version, workers=receivers) == {r: v for r in receivers}
+    assert hold.result() is True
+    client.run(lambda dask_worker: dask_worker.plugins["rose"].weights.mark_synced(v), workers=[trainer])
+
+
 def test_a_receiver_killed_during_a_sync_is_dropped_and_the_others_get_the_version(two_site_cluster):
     """Last in this module: it kills one of the cluster's workers (its nanny starts a new one)."""
     import os

@@ -6,15 +6,18 @@ its hops from their sources, relays passing shards on as they arrive (every shar
 arrival, a bad one is fetched again from another holder); then commit everywhere. A receiver swaps
 its engine only when it holds every shard of the version, and no commit starts unless every receiver
 staged the whole version: a sync that fails while shards move leaves every engine on its previous
-version. The commit phase is not one transaction across receivers: each swap is atomic on its own
-worker (between two engine iterations), but a receiver that fails to commit (its process dies, its
-engine refuses the weights) does not undo the others'. The sync then raises, naming it; the caller
-syncs again (`rose.ops.train.sync_weights`), and receivers already at the version are left alone.
+version. A caller may hold the commit back until it is due (`ready`: an asynchronous step stages the
+version while the next step's rollouts run and commits once they end). The commit phase is not one
+transaction across receivers: each swap is atomic on its own worker (between two engine iterations),
+but a receiver that fails to commit (its process dies, its engine refuses the weights) does not undo
+the others'. The sync then raises, naming it; the caller syncs again (`rose.ops.train.sync_weights`),
+and receivers already at the version are left alone.
 """
 from __future__ import annotations
 
 import asyncio
 import time
+from typing import Awaitable, Callable
 
 from distributed.protocol import to_serialize
 
@@ -29,11 +32,13 @@ async def receiver_states(worker, addresses) -> list[dict]:
 
 
 async def sync_to(worker, source: WeightEndpoint, receivers: list[str], mode: str = "rose",
-                  commit: bool = True, before: list[dict] | None = None) -> dict:
+                  commit: bool = True, before: list[dict] | None = None,
+                  ready: Callable[[], Awaitable] | None = None) -> dict:
     """Bring `receivers` to the source's current version. `mode="full"` sends every shard dense from
     the source to every receiver (the broadcast baseline, for benchmarks); `commit=False` stages
     and then drops the version (to measure a transfer without applying it). `before`: the receivers'
-    `receiver_states`, if the caller has just read them (the counters returned are from there)."""
+    `receiver_states`, if the caller has just read them (the counters returned are from there). `ready`:
+    awaited once every receiver has staged the version, before the commit (`waited_s`: how long)."""
     manifest = source.manifest
     if manifest is None:
         raise EngineError("nothing to sync: the source has published no version", worker=worker.address)
@@ -63,10 +68,13 @@ async def sync_to(worker, source: WeightEndpoint, receivers: list[str], mode: st
         pulls = await asyncio.gather(*(
             worker.rpc(dst).rose_weights_pull(hops=to_serialize(hops), manifest=wire_manifest)
             for dst, hops in by_dst.items()))
+        t_pulled = time.perf_counter()
+        if ready is not None:
+            await ready()
     except BaseException:
         await asyncio.gather(*(worker.rpc(r.address).rose_weights_abort() for r in rs), return_exceptions=True)
         raise
-    t_pulled = time.perf_counter()
+    t_ready = time.perf_counter()
     if commit:
         statuses = await asyncio.gather(*(worker.rpc(r.address).rose_weights_commit(version=manifest.version)
                                           for r in rs), return_exceptions=True)
@@ -92,4 +100,4 @@ async def sync_to(worker, source: WeightEndpoint, receivers: list[str], mode: st
             "timing": [{k: round(v - b["timing"].get(k, 0), 3) for k, v in a["timing"].items()}
                        for a, b in zip(after, before)],
             "transfer_s": t_pulled - t0, "plan_s": t_plan - t0, "pull_s": [p["seconds"] for p in pulls],
-            "seconds": time.perf_counter() - t0}
+            "waited_s": t_ready - t_pulled, "seconds": time.perf_counter() - t0}
