@@ -6,9 +6,9 @@ state in `rose.runtime.scheduler.book`) and the ROSE page of the Dask dashboard.
 rose puts rollouts on dedicated workers, then on serving workers' spare capacity; fixed on dedicated
 workers only; elastic on dedicated workers plus on-demand ones. A worker that stays over its slots for
 `--rose-shed-after` seconds is asked to shed its newest rollouts, which finish elsewhere; a dedicated
-worker started `--rose-colocated` yields its device while a train step runs. With `--rose-migrate`
-(rose only), once nothing waits and a dedicated worker has room, the oldest rollouts on serving
-workers move there.
+worker started `--rose-colocated` yields its device while a train step runs (and takes nothing new
+while one waits only for its rewards). With `--rose-migrate` (rose only), once nothing waits and a
+dedicated worker has room, the oldest rollouts on serving workers move there.
 
 The same settings come from dask config (`rose.policy`, `rose.shed-after`, `rose.migrate`), e.g.
 DASK_ROSE__POLICY=fixed.

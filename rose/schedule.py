@@ -19,11 +19,13 @@ tested as plain lists (tests/unit/test_schedule.py).
   submission to the first rollout admitted, 80 ms against 102 on the Zen 5 host, 2026-12-05, where
   rollouts bound asynchronous steps beside a serving worker). Only with the plugin: without it Dask
   would run them at once, on the weights before.
-- With the plugin, the runner also submits step k's sync as soon as step k+1 has started, not at its
-  `sync` action (`RunState.early_sync`): the sync stages the trained version on every receiver while
-  step k+1's rollouts run and commits once the scheduler reports them ended (`Step.submit_sync_after`),
-  so neither the driver's round trip nor the transfer sits between two rollout phases. The `sync`
-  action then finds it submitted. Not for a step that samples dynamically (its rounds are not known
+- With the plugin, the runner also submits step k's sync and step k+1's train task as soon as step
+  k+1 has started, not at their actions (`RunState.early_sync`): the sync stages the trained version
+  on every receiver while step k+1's rollouts run and commits once the scheduler reports them ended
+  (`Step.submit_sync_after`), and the train task starts once its rewards are in, after step k's by a
+  Dask dependency (`Step.submit_train_after`; not when a checkpoint is due between the two). Neither
+  waits for the driver's round trip, nor the next rollouts for the transfer. The `sync` and `train`
+  actions then find them submitted. Not for a step that samples dynamically (its rounds are not known
   until they are done).
 """
 from __future__ import annotations
