@@ -219,6 +219,16 @@ def _hold(name):
     return Event(name).wait(120)
 
 
+def _prepare(client):
+    """A trainer and engines for the tests below that drive syncs by hand (when run alone)."""
+    def has_trainer(dask_worker):
+        host = dask_worker.plugins["rose"].host
+        return getattr(host, "trainer", None) is not None
+
+    if not any(client.run(has_trainer).values()):
+        rose.run(small_pipeline("guess", groups=1, group_size=4, steps=1), cluster=client, progress=False)
+
+
 def _staged(dask_worker):
     ep = dask_worker.plugins["rose"].weights
     return ep.version, ep.staged.version if ep.staged is not None else None
@@ -234,7 +244,7 @@ def test_a_sync_told_to_wait_stages_the_version_and_commits_only_once_those_task
     from rose.ops.train import sync_weights
 
     client = two_site_cluster
-    rose.run(small_pipeline("guess", groups=1, group_size=4, steps=1), cluster=client, progress=False)
+    _prepare(client)
     trainer, receivers = _roles(client)
     v = client.run(_publish_next, workers=[trainer])[trainer]
     hold = client.submit(_hold, "rose-test-hold", workers=[receivers[0]], pure=False)
@@ -251,6 +261,35 @@ def test_a_sync_told_to_wait_stages_the_version_and_commits_only_once_those_task
     assert sorted(s["weight_version"] for s in res["statuses"]) == [v, v] and res["waited_s"] >= 1.0
     assert client.run(_version, workers=receivers) == {r: v for r in receivers}
     assert hold.result() is True
+    client.run(lambda dask_worker: dask_worker.plugins["rose"].weights.mark_synced(v), workers=[trainer])
+
+
+def test_a_catch_up_that_commits_the_version_first_leaves_the_held_sync_to_finish(two_site_cluster):
+    """A worker that joined mid-run is caught up to the trainer's version by a sync of its own, which may
+    commit the version an asynchronous step's sync holds staged there: that sync's commit finds it done."""
+    import time
+
+    from distributed import Event
+
+    from rose.ops.train import sync_weights
+
+    client = two_site_cluster
+    _prepare(client)
+    trainer, receivers = _roles(client)
+    v = client.run(_publish_next, workers=[trainer])[trainer]
+    hold = client.submit(_hold, "rose-test-hold-2", workers=[receivers[1]], pure=False)
+    fut = client.submit(sync_weights, {"version": v}, tuple(receivers), after=(hold.key,), workers=[trainer],
+                        pure=False)
+    deadline = time.monotonic() + 60
+    while set(client.run(_staged, workers=receivers).values()) != {(v - 1, v)}:
+        assert time.monotonic() < deadline, client.run(_staged, workers=receivers)
+        time.sleep(0.1)
+    caught_up = client.submit(_sync_once, (receivers[0],), workers=[trainer], pure=False).result()
+    assert [s["weight_version"] for s in caught_up["statuses"]] == [v], caught_up
+    Event("rose-test-hold-2", client=client).set()
+    res = fut.result(timeout=60)
+    assert sorted(s["weight_version"] for s in res["statuses"]) == [v, v]
+    assert client.run(_version, workers=receivers) == {r: v for r in receivers}
     client.run(lambda dask_worker: dask_worker.plugins["rose"].weights.mark_synced(v), workers=[trainer])
 
 

@@ -72,6 +72,11 @@ class EndpointHandlers:
 
     async def _h_commit(self, version: int) -> dict:
         t0 = time.perf_counter()
+        if self.version == version and (self.staged is None or self.staged.version == version):
+            # Another sync committed this version here first (a joining worker's catch-up while an
+            # asynchronous step's sync held it staged): the engine runs it already.
+            self.abort()
+            return {"worker": self.worker.address, "weight_version": version, "seconds": 0.0}
         tensors = await asyncio.to_thread(self.staged_tensors, version)
         if self.on_commit is not None:
             try:
