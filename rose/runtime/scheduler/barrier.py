@@ -3,10 +3,11 @@
 An asynchronous step's weight sync stages the trained version on every receiver while the next step's
 rollouts still run, and commits it once they are done (weights never change under a running
 trajectory; `rose.run_state`). The commit waits here, on the scheduler, which hears of each task's
-end first. Waiting at the driver instead put two hops and the sync's own calls before its commit on
-every step's critical path where rollouts bound the step: the driver hearing of the last rollout,
-submitting the sync (8-41 ms on the Zen 5 host, 2026-12-05), then the sync reading the receivers'
-state and moving the shards (15-40 ms) before the commit could start.
+end first. Waiting at the driver put its round trip and the sync's own calls (the receivers' state,
+the shards) before each commit, where rollouts bound the step: the next rollouts were dispatched 26-40
+ms after the train step began (each run's median, eight runs on the Zen 5 host, 2026-12-05), 16-27 ms
+in seven of eight with the commit waiting here (RESULTS, elastic_e2e). The transfer this takes off
+that path grows with the model and the link.
 """
 from __future__ import annotations
 
