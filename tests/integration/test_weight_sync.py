@@ -234,6 +234,27 @@ def _staged(dask_worker):
     return ep.version, ep.staged.version if ep.staged is not None else None
 
 
+def _held_sync(client, hold_name: str, hold_on: int):
+    """A new version, and its sync told to wait for a task held on receiver `hold_on` until the event
+    `hold_name` is set; returns once every receiver has staged it: (trainer, receivers, version, the
+    sync's future, the held task's future)."""
+    import time
+
+    from rose.ops.train import sync_weights
+
+    _prepare(client)
+    trainer, receivers = _roles(client)
+    v = client.run(_publish_next, workers=[trainer])[trainer]
+    hold = client.submit(_hold, hold_name, workers=[receivers[hold_on]], pure=False)
+    fut = client.submit(sync_weights, {"version": v}, tuple(receivers), after=(hold.key,), workers=[trainer],
+                        pure=False)
+    deadline = time.monotonic() + 60
+    while set(client.run(_staged, workers=receivers).values()) != {(v - 1, v)}:
+        assert time.monotonic() < deadline, client.run(_staged, workers=receivers)
+        time.sleep(0.1)
+    return trainer, receivers, v, fut, hold
+
+
 def test_a_sync_told_to_wait_stages_the_version_and_commits_only_once_those_tasks_end(two_site_cluster):
     """An asynchronous step's sync runs while the next step's rollouts do: it stages at once, and no
     engine swaps until the scheduler reports every task it waits on ended (`rose_keys_done`)."""
@@ -241,19 +262,8 @@ def test_a_sync_told_to_wait_stages_the_version_and_commits_only_once_those_task
 
     from distributed import Event
 
-    from rose.ops.train import sync_weights
-
     client = two_site_cluster
-    _prepare(client)
-    trainer, receivers = _roles(client)
-    v = client.run(_publish_next, workers=[trainer])[trainer]
-    hold = client.submit(_hold, "rose-test-hold", workers=[receivers[0]], pure=False)
-    fut = client.submit(sync_weights, {"version": v}, tuple(receivers), after=(hold.key,), workers=[trainer],
-                        pure=False)
-    deadline = time.monotonic() + 60
-    while set(client.run(_staged, workers=receivers).values()) != {(v - 1, v)}:
-        assert time.monotonic() < deadline, client.run(_staged, workers=receivers)
-        time.sleep(0.1)
+    trainer, receivers, v, fut, hold = _held_sync(client, "rose-test-hold", 0)
     time.sleep(1.0)  # staged everywhere, and still held back
     assert not fut.done() and client.run(_version, workers=receivers) == {r: v - 1 for r in receivers}
     Event("rose-test-hold", client=client).set()
@@ -267,23 +277,10 @@ def test_a_sync_told_to_wait_stages_the_version_and_commits_only_once_those_task
 def test_a_catch_up_that_commits_the_version_first_leaves_the_held_sync_to_finish(two_site_cluster):
     """A worker that joined mid-run is caught up to the trainer's version by a sync of its own, which may
     commit the version an asynchronous step's sync holds staged there: that sync's commit finds it done."""
-    import time
-
     from distributed import Event
 
-    from rose.ops.train import sync_weights
-
     client = two_site_cluster
-    _prepare(client)
-    trainer, receivers = _roles(client)
-    v = client.run(_publish_next, workers=[trainer])[trainer]
-    hold = client.submit(_hold, "rose-test-hold-2", workers=[receivers[1]], pure=False)
-    fut = client.submit(sync_weights, {"version": v}, tuple(receivers), after=(hold.key,), workers=[trainer],
-                        pure=False)
-    deadline = time.monotonic() + 60
-    while set(client.run(_staged, workers=receivers).values()) != {(v - 1, v)}:
-        assert time.monotonic() < deadline, client.run(_staged, workers=receivers)
-        time.sleep(0.1)
+    trainer, receivers, v, fut, _ = _held_sync(client, "rose-test-hold-2", 1)
     caught_up = client.submit(_sync_once, (receivers[0],), workers=[trainer], pure=False).result()
     assert [s["weight_version"] for s in caught_up["statuses"]] == [v], caught_up
     Event("rose-test-hold-2", client=client).set()
