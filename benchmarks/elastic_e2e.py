@@ -36,7 +36,10 @@ is tight by default, coserve_slo's: TTFT 300 ms / TPOT 30 ms (there 18x / 5x the
 alone, 16 / 6 ms; the old 1000 / 100 ms left serving's TPOT p99 at 50-57 ms here and bound nothing).
 The co-serving controller keeps each rollout step inside the TPOT budget, so the SLO sets how much
 of core 1 rose's rollouts get: the table shows the slots core 1's worker offered and the sequences
-placed on it (means over the timed window while it was connected; building its engine, it offers none).
+placed on it (means over the timed window while it was connected; building its engine, it offers none),
+and the share of the timed window core 1's worker spent in rollout engine steps and in serving engine
+steps (its engines' own step timers): serving at 15 % of its closed-loop capacity costs core 1 far more
+than 15 %, since a serving step's cost is mostly fixed and one runs every period.
 
 Each setup runs synchronously (step k's rollouts, then its training) and/or asynchronously
 (`staleness=1`: step k+1's rollouts during step k's training). Asynchronously, the dedicated worker
@@ -123,6 +126,39 @@ def core1_use(samples: list[tuple], core1: set[str], start: float, end: float) -
     return {"core1_slots": sum(s[3] for s in mine) / n, "core1_used": sum(s[4] for s in mine) / n}
 
 
+def engine_seconds(dask_worker) -> dict | None:
+    """Seconds this worker's engines have spent in their steps so far (wall time, read off the clock):
+    `rollout` (a dedicated worker's engine loop, a serving worker's rollout engine) and `serving` (a
+    serving worker's serving engine); None on a worker with no rollout engine (the trainer)."""
+    from rose.runtime.worker.plugin import rose_worker_of
+
+    w = rose_worker_of(dask_worker)
+    host = w.host if w is not None else None
+    executor = getattr(host, "executor", None)
+    if executor is not None:  # a serving worker: its co-serving executor steps both engines
+        c = executor.counters()
+        return {"rollout": c["rollout_wall_ms"] / 1e3, "serving": c["serving_wall_ms"] / 1e3}
+    engine = getattr(host, "engine", None)
+    if engine is not None and hasattr(engine, "counters"):
+        return {"rollout": engine.counters()["busy_s"], "serving": 0.0}
+    return None
+
+
+def core1_steps(first: dict, last: dict, core1: set[str], seconds: float) -> dict:
+    """The share of the timed window (`seconds` long) core 1's worker spent in rollout engine steps and in
+    serving engine steps, from `engine_seconds` read on every worker at the window's start (`first`) and
+    end (`last`): what the rest of core 1 is left for (the co-serving executor's own work, the front end,
+    the traffic client, Dask, and idle time). A worker that joined during the window (elastic's on-demand
+    one) counts from zero."""
+    out = {"core1_rollout_share": 0.0, "core1_serving_share": 0.0}
+    for addr in core1 & set(last):
+        a, b = first.get(addr) or {"rollout": 0.0, "serving": 0.0}, last[addr]
+        if b is not None:
+            out["core1_rollout_share"] += (b["rollout"] - a["rollout"]) / seconds
+            out["core1_serving_share"] += (b["serving"] - a["serving"]) / seconds
+    return out
+
+
 def run_policy(name: str, pipeline, cluster_cfg, steps: int, args, staleness: int,
                spare_slots: int | None = None) -> dict:
     from distributed import Client
@@ -147,9 +183,15 @@ def run_policy(name: str, pipeline, cluster_cfg, steps: int, args, staleness: in
             load = TrafficProcess(url, args.trace, args.rate, args.ttft_ms, args.tpot_ms, args.seed,
                                   cores=tuple(sorted(spare)) or None)
         t0 = time.monotonic()
+        engine_s: list[dict] = []  # `engine_seconds` of every worker at the timed window's start and end
+
+        def read_engines(row):
+            if row["step"] in (0, steps - 1):
+                engine_s.append(client.run(engine_seconds))
+
         report = rose.run(replace(pipeline, cluster=cluster_cfg, staleness=staleness), cluster=client, steps=steps,
                           progress=False,
-                          on_step=lambda row: (stamps.append(time.monotonic()), print(
+                          on_step=lambda row: (stamps.append(time.monotonic()), read_engines(row), print(
                               f"  step {row['step']}: rollout {row['rollout_s']:.2f} s, train {row['train_s']:.2f} s, "
                               f"sync {row['sync_s']:.2f} s, step {row['step_s']:.2f} s", file=sys.stderr, flush=True)))
         out["run_s"] = time.monotonic() - t0
@@ -169,6 +211,7 @@ def run_policy(name: str, pipeline, cluster_cfg, steps: int, args, staleness: in
         core1 = {a for a, w in client.scheduler_info(n_workers=-1)["workers"].items()
                  if w["name"] == "serving-0" or w["name"] == "dedicated-1" or str(w["name"]).startswith("elastic-")}
     out.update(core1_use(samples, core1, stamps[0], stamps[-1]))
+    out.update(core1_steps(engine_s[0], engine_s[-1], core1, stamps[-1] - stamps[0]))
     if cluster_cfg.policy == "elastic":
         first: dict[str, float] = {}
         for t, addr, _, _, used in samples:
@@ -295,7 +338,8 @@ def main():
           f"Azure conversation trace), SLO TTFT {args.ttft_ms:.0f} ms / TPOT {args.tpot_ms:.0f} ms; in run order; "
           f"speed-ups against the mean of the best fixed mode ({fk})")
     print(f"{'run':<15}{'traj/s':>8}{'speedup':>9}{'step s':>8}{'rollout s':>10}{'train s':>9}{'compute s':>10}"
-          f"{'sync s':>8}{'core1 slots/used':>17}{'SLO timed/run':>14}{'TTFT/TPOT p99':>15}{'alloc':>7}{'lost':>6}{'dup':>5}"
+          f"{'sync s':>8}{'core1 slots/used':>17}{'core1 roll/serve':>17}{'SLO timed/run':>14}{'TTFT/TPOT p99':>15}"
+          f"{'alloc':>7}{'lost':>6}{'dup':>5}"
           "  rollout placement")
     seen: dict[str, int] = {}
     for label in order:
@@ -308,7 +352,9 @@ def main():
         speedup = f"{r['traj_s'] / f_traj:.2f}" if f_traj else "-"
         print(f"{label:<15}{r['traj_s']:>8.1f}{speedup:>9}{r['step_s']:>8.3f}"
               f"{r['rollout_s']:>10.3f}{r['train_s']:>9.3f}{r['trainer_compute_s']:>10.3f}{r['sync_s']:>8.3f}"
-              f"{r['core1_slots']:>11.0f}/{r['core1_used']:<5.0f}{slo:>14}{p99:>15}{alloc:>7}{r['lost']:>6}"
+              f"{r['core1_slots']:>11.0f}/{r['core1_used']:<5.0f}"
+              f"{r['core1_rollout_share']:>11.0%}/{r['core1_serving_share']:<5.0%}{slo:>14}{p99:>15}{alloc:>7}"
+              f"{r['lost']:>6}"
               f"{r['duplicated']:>5}  {placed}")
     print("means: " + ", ".join(f"{k} {mean(k, 'traj_s'):.1f} traj/s"
                                 + (f" ({mean(k, 'traj_s') / f_traj:.2f})" if f_traj else "") for k in results))
@@ -331,6 +377,10 @@ def main():
         "rollout_time_ideal_s": rounded(ik and mean(ik, "rollout_s"), 3),
         "train_time_rose_s": rounded(rk and mean(rk, "train_s"), 3),
         "train_time_ideal_s": rounded(ik and mean(ik, "train_s"), 3),
+        # shares of the timed window core 1's worker spent in rollout and in serving engine steps
+        "core1_rollout_share_rose": rounded(rk and mean(rk, "core1_rollout_share"), 3),
+        "core1_serving_share_rose": rounded(rk and mean(rk, "core1_serving_share"), 3),
+        "core1_rollout_share_ideal": rounded(ik and mean(ik, "core1_rollout_share"), 3),
         "slo_attainment": rounded(rk and min(r["slo_attainment"] for r in results[rk]), 4),
         "lost": sum(r["lost"] for r in everything), "duplicated": sum(r["duplicated"] for r in everything),
         "steps": steps, "elastic_steps": args.elastic_steps if ek else None, "serving_rate": args.rate,
