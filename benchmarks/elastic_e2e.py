@@ -38,8 +38,9 @@ The co-serving controller keeps each rollout step inside the TPOT budget, so the
 of core 1 rose's rollouts get: the table shows the slots core 1's worker offered and the sequences
 placed on it (means over the timed window while it was connected; building its engine, it offers none),
 and the share of the timed window core 1's worker spent in rollout engine steps and in serving engine
-steps (its engines' own step timers): serving at 15 % of its closed-loop capacity costs core 1 far more
-than 15 %, since a serving step's cost is mostly fixed and one runs every period.
+steps (its engines' own step timers). Serving at 15 % of its closed-loop capacity took 26-29 % of core 1
+in serving steps alone (AMX host, 2026-12-06): a serving step's cost is mostly fixed, and one runs every
+period.
 
 Each setup runs synchronously (step k's rollouts, then its training) and/or asynchronously
 (`staleness=1`: step k+1's rollouts during step k's training). Asynchronously, the dedicated worker
