@@ -2,6 +2,9 @@
 import threading
 import time
 
+import pytest
+
+from rose.errors import EngineError
 from rose.runtime.coserve.executor import CoServingExecutor
 from rose.runtime.coserve.slo import IterationPlan, SloConfig, SloController
 from rose.runtime.engine import SamplingSpec
@@ -406,5 +409,44 @@ def test_waiting_rollouts_join_between_the_extra_steps_of_an_iteration():
             g = f.result(timeout=10)
             assert len(g.token_ids) == len(g.weight_versions) == 5  # nothing lost or doubled
         assert ex.stats["admitted_between"] > 0
+    finally:
+        ex.close()
+
+
+class FailingLoad(SlicedEngine):
+    """Its weight loads raise at the second slice, as vLLM's staged reload did on a wrong-shaped tensor
+    (the model is then half swapped, and stepping it raised: RELIABILITY.md)."""
+
+    def stage_weights(self, named, version):
+        load = super().stage_weights(named, version)
+        first = load.advance
+
+        def advance(budget_ms):
+            if load.left < self.slices:  # a slice has applied: the model is half swapped now
+                raise RuntimeError("weight shape mismatch")
+            return first(budget_ms)
+
+        load.advance = advance
+        return load
+
+
+def test_a_weight_load_that_fails_part_way_fails_all_later_rollout_work_and_offers_no_slots():
+    log: list = []
+    ex = CoServingExecutor(LoggedServing(log), FailingLoad(log), SloController(SloConfig(ttft_ms=1000, tpot_ms=1000)))
+    try:
+        assert ex.rollout_capacity > 0
+        stepped = log.count(("rollout-step", 0))  # the engine's warm-up
+        load = ex.load_weights({}, 7)
+        held = ex.generate([1], SamplingSpec(max_tokens=3))  # queued behind the load
+        with pytest.raises(RuntimeError, match="weight shape mismatch"):
+            load.result(timeout=10)
+        for fut in (held, ex.generate([1], SamplingSpec(max_tokens=3))):  # one waiting for it, one after it
+            with pytest.raises(EngineError, match="unusable: its weight load to version 7 failed"):
+                fut.result(timeout=10)
+        with pytest.raises(EngineError, match="unusable"):
+            ex.load_weights({}, 8).result(timeout=10)
+        assert ex.rollout_capacity == 0 and ex.weight_version == 0
+        assert sum(e[0] == "rollout-step" for e in log) == stepped  # the half-swapped model never stepped
+        assert ex.serve([1, 2], SamplingSpec(max_tokens=4)).collect(timeout=10)[0]  # serving goes on
     finally:
         ex.close()

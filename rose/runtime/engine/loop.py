@@ -35,7 +35,7 @@ from typing import Callable, Coroutine
 from rose.errors import EngineError
 from rose.runtime.engine.base import Engine, SamplingSpec
 from rose.runtime.engine.batching import BatchHold, hold_s
-from rose.runtime.engine.pending import PendingRollout, absorb, engine_future, fail, settle
+from rose.runtime.engine.pending import PendingRollout, absorb, engine_future, fail, settle, unusable
 from rose.runtime.engine.thread import bind_thread, build, run_until_stopped
 
 logger = logging.getLogger("rose.engine")
@@ -112,6 +112,7 @@ class EngineLoop:
         self.rollout_tokens = 0  # tokens generated
         self.busy_s = 0.0  # seconds spent inside engine.step()
         self._start_error: BaseException | None = None
+        self.broken: str | None = None  # a weight load failed: why every later request and load fails (`unusable`)
         ready = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(engine, ready), name=name, daemon=True)
         self._thread.start()
@@ -150,7 +151,8 @@ class EngineLoop:
     def load_weights(self, named_tensors: dict, version: int) -> Future:
         """Swap all weights between two iterations, once the requests in flight have finished (their
         tokens keep one version; requests queued after the swap wait for it); resolves once the
-        engine holds `version`."""
+        engine holds `version`. A load that raises leaves the engine `broken`: every later request and
+        load fails with the reason (`pending.unusable`), and the engine never steps again."""
         fut = engine_future()
         self._call(self._load, named_tensors, version, fut)
         return fut
@@ -227,6 +229,9 @@ class EngineLoop:
             self._add_now(rid, prompt, spec, fut)
 
     def _add_now(self, rid: str, prompt: list[int], spec: SamplingSpec, fut) -> None:
+        if self.broken:
+            settle(fut, EngineError(self.broken, request_id=rid))
+            return
         self._unsent.append((rid, prompt, spec))
         self._last_arrival = time.perf_counter()
         if not self._pending:
@@ -250,10 +255,15 @@ class EngineLoop:
             self._load_now(named, version, fut)
 
     def _load_now(self, named: dict, version: int, fut) -> None:
+        if self.broken:
+            fut.set_exception(EngineError(self.broken, version=version))
+            return
         try:
             self.engine.load_weights(named, version)
             fut.set_result(version)
         except Exception as e:
+            self.broken = unusable(version, e)
+            logger.error("%s", self.broken)
             fut.set_exception(e)
 
     def _drain(self) -> None:

