@@ -121,7 +121,7 @@ class CoServingExecutor(CommandThread):
     @property
     def rollout_capacity(self) -> int:
         """Rollout sequences this device can run next to its recent serving load inside the SLO (the
-        slots it reports to the scheduler; 0 without a rollout engine or while it sleeps)."""
+        slots it reports to the scheduler; 0 without a usable rollout engine or while it sleeps)."""
         if self.rollout is None or self._asleep or self.broken:
             return 0
         return self.offer_bound.bound(self.controller.rollout_capacity(int(self._serving_peak + 0.999)))
