@@ -76,7 +76,9 @@ JOIN_RETRY_S = 10.0  # seconds before the next attempt, times the attempts so fa
 _CAUSES = (("handle-worker-cleanup", "its connection to the scheduler closed: the process died, was killed "
                                      "(e.g. out of memory) or lost the network"),
            ("check-worker-ttl", "it missed its heartbeats for distributed.scheduler.worker-ttl"),
-           ("retire-workers", "it was retired (scaled down)"))
+           ("retire-workers", "it was retired (scaled down)"),
+           ("worker-close-gracefully", "it closed itself (a rollout worker whose engine became unusable restarts; "
+                                       "its log says why)"))
 
 
 class Fleet:
@@ -92,6 +94,10 @@ class Fleet:
         self._retry_at: dict[str, float] = {}  # address -> monotonic time its next join may start
         self.roles: dict[str, list[str]] = {}  # worker addresses by role, as of the last poll
         self.lost: dict[str, str] = {}  # address -> why it left the run (the scheduler's cause)
+        # Connected workers whose rollout engine is unusable (a weight load into it failed; a sync left
+        # them out): address -> why. Not joined again while they stay connected: a dedicated one restarts
+        # itself and comes back as a new worker, a serving one serves on until its operator restarts it.
+        self.unusable: dict[str, str] = {}
         self.refetches = 0  # shards that arrived bad in catch-up syncs and were fetched again
         self._n = 0
 
@@ -110,6 +116,8 @@ class Fleet:
             self.lost[a] = self._departure(a)
             logger.warning("rollout worker %s left the run (%s)", a, self.lost[a])
             del self.synced[a]
+        for a in [a for a in self.unusable if a not in present]:
+            del self.unusable[a]
         for a, fut in list(self.joining.items()):
             if a not in present:
                 del self.joining[a]
@@ -131,7 +139,7 @@ class Fleet:
                 self.failed.pop(a, None)
                 logger.info("worker %s joined the run at weight version %d", a, status["version"])
         now = time.monotonic()
-        for a in sorted(current - set(self.synced) - set(self.joining)):
+        for a in sorted(current - set(self.synced) - set(self.joining) - set(self.unusable)):
             if a in self.failed and (self.attempts[a] >= JOIN_ATTEMPTS or now < self._retry_at[a]):
                 continue
             self.attempts[a] += 1
@@ -213,7 +221,14 @@ class Fleet:
                                len(quick), timeout)
             self.poll(version)
 
-    def synced_to(self, statuses: list[dict]) -> None:
+    def synced_to(self, statuses: list[dict], unusable: dict[str, str] | None = None) -> None:
+        """A sync's outcome: each receiver's new version (`statuses`), and the receivers it left out
+        because their engines are unusable (address -> why): those leave the run."""
         for s in statuses:
             if s["worker"] in self.synced:
                 self.synced[s["worker"]] = s["weight_version"]
+        for a, why in (unusable or {}).items():
+            if self.synced.pop(a, None) is not None:
+                self.lost[a] = why
+                logger.error("rollout worker %s left the run (%s)", a, self.lost[a])
+            self.unusable[a] = why

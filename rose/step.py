@@ -253,7 +253,7 @@ class Step:
         if self._sync_after:  # submitted while the next step's rollouts ran: its own time, less that wait
             sync_s = max((r.get("seconds", 0.0) - r.get("waited_s", 0.0) for r in syncs), default=0.0)
         statuses = [s for sync_result in syncs for s in sync_result["statuses"]]
-        self.fleet.synced_to(statuses)
+        self.fleet.synced_to(statuses, {a: why for r in syncs for a, why in r.get("unusable", {}).items()})
         new_versions = {s["weight_version"] for s in statuses}
         # No receiver (every rollout worker of the step left): workers that join catch up on their own.
         if statuses and new_versions != {metrics["weight_version"]}:

@@ -101,52 +101,66 @@ async def sync_weights(result: dict, receivers: tuple[str, ...], after: tuple[st
     return status
 
 
-SYNC_ATTEMPTS = 3  # syncs tried while receivers keep leaving mid-sync
+SYNC_ATTEMPTS = 3  # syncs tried while receivers keep leaving, or their engines failing, mid-sync
 
 
 async def _sync_alive(w, receivers: tuple[str, ...], ready=None) -> dict:
-    """Sync to the receivers still in the cluster. Receivers that left since the step was planned are
-    skipped (Dask re-placed their rollouts); one that leaves during the sync fails that attempt, and the
-    sync is run again to those left (receivers it already reached are at the version and skipped)."""
+    """Sync to the receivers still in the cluster whose engines take versions. Receivers that left since
+    the step was planned are skipped (Dask re-placed their rollouts); one that leaves during the sync
+    fails that attempt, and the sync is run again to those left (receivers it already reached are at the
+    version and skipped). A receiver whose engine is unusable (a weight load into it raised part way,
+    in this sync or before) is left out too, and named in the result's "unusable": a dedicated worker
+    restarts and joins again, a serving worker serves on without rollouts (`RoseWorker._check_unusable`)."""
     import asyncio
     import logging
 
     from rose.runtime.weights.sync import receiver_states, sync_to
 
+    log = logging.getLogger("rose.weights")
     refetched = 0  # bad shards caught in attempts that then failed: still caught, still counted
+    unusable: dict[str, str] = {}  # receiver -> why its engine takes no more versions
     for attempt in range(1, SYNC_ATTEMPTS + 1):
         info = await w.worker.scheduler.identity(n_workers=-1)
-        alive = [r for r in receivers if r in info["workers"]]
+        alive = [r for r in receivers if r in info["workers"] and r not in unusable]
         counts: dict[str, int] = {}
         try:
             before = await receiver_states(w.worker, alive)  # read once: the sync starts from it
+            out = {a: s["unusable"] for a, s in zip(alive, before) if s.get("unusable")}
+            if out:
+                log.error("sync leaves out %d receivers whose engines are unusable: %s", len(out),
+                          "; ".join(f"{a}: {why}" for a, why in out.items()))
+                unusable |= out
+                alive, before = [a for a in alive if a not in out], [s for s in before if s.get("unusable") is None]
             counts = {a: s["refetches"] for a, s in zip(alive, before)}
             status = await sync_to(w.worker, w.weights, alive, before=before, ready=ready)
-            return status | {"refetches": status.get("refetches", 0) + refetched}
+            return status | {"refetches": status.get("refetches", 0) + refetched, "unusable": unusable}
         except Exception as e:
-            after = await _refetch_counts(w.worker, alive) if counts else {}
-            refetched += sum(after[a] - counts[a] for a in after if a in counts)
+            after = await _states(w.worker, alive) if counts else {}
+            refetched += sum(after[a]["refetches"] - counts[a] for a in after if a in counts)
+            broke = [a for a, st in after.items() if st.get("unusable")]
             left = []
-            for _ in range(10):  # the scheduler drops a dead worker when it sees its connection close
+            # The scheduler drops a dead worker when it sees its connection close (not waited for when an
+            # engine failed its load: the next attempt leaves that receiver out).
+            for _ in range(0 if broke else 10):
                 info = await w.worker.scheduler.identity(n_workers=-1)
                 left = [r for r in alive if r not in info["workers"]]
                 if left:
                     break
                 await asyncio.sleep(0.5)
-            if not left or attempt == SYNC_ATTEMPTS:
+            if not (left or broke) or attempt == SYNC_ATTEMPTS:
                 raise
-            logging.getLogger("rose.weights").warning(
-                "sync attempt %d: %d receivers left the cluster during it (%s; %s: %s); syncing again to the %d "
-                "left", attempt, len(left), ", ".join(left), type(e).__name__, e, len(alive) - len(left))
+            log.warning("sync attempt %d: %d receivers left the cluster and %d engines failed their load during it "
+                        "(%s; %s: %s); syncing again to the %d left", attempt, len(left), len(broke),
+                        ", ".join(left + broke), type(e).__name__, e, len(alive) - len(left) - len(broke))
 
 
-async def _refetch_counts(worker, addresses) -> dict[str, int]:
-    """Each reachable receiver's count of shards that arrived bad; one that cannot answer is left out."""
+async def _states(worker, addresses) -> dict[str, dict]:
+    """Each reachable receiver's endpoint state; one that cannot answer is left out."""
     import asyncio
 
     states = await asyncio.gather(*(asyncio.wait_for(worker.rpc(a).rose_weights_state(), 5.0) for a in addresses),
                                   return_exceptions=True)
-    return {a: s["refetches"] for a, s in zip(addresses, states) if isinstance(s, dict)}
+    return {a: s for a, s in zip(addresses, states) if isinstance(s, dict)}
 
 
 async def catch_up(_prepared, receivers: tuple[str, ...]) -> dict:

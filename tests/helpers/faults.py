@@ -1,5 +1,5 @@
 """Faults injected into a live worker with `client.run` (tests and benchmarks/chaos.py): shard replies
-corrupted in transit, a receiver whose pulls never answer."""
+corrupted in transit, a receiver whose pulls never answer, a weight load that fails inside vLLM."""
 import asyncio
 import threading
 
@@ -48,3 +48,30 @@ def stall_pulls(dask_worker):
 
     dask_worker.handlers["rose_weights_pull"] = stalled
     return True
+
+
+def fail_next_load(from_version: int = 1, dask_worker=None):
+    """The next load of a synced version (`from_version` or later) into this worker's vLLM rollout engine
+    (a dedicated worker's, or a serving worker's second engine) fails inside vLLM, part way: one tensor in
+    the middle of the load has the wrong shape."""
+    host = dask_worker.plugins[PLUGIN_NAME].host
+    engine = host.executor.rollout if hasattr(host, "executor") else host.engine.engine  # the VllmEngine
+    for method in ("load_weights", "stage_weights"):  # whole, or in slices (a serving worker's)
+        _spoil_next(engine, method, from_version)
+    return True
+
+
+def _spoil_next(engine, method: str, from_version: int) -> None:
+    real = getattr(engine, method)
+
+    def spoilt(named, version):
+        if version < from_version:
+            return real(named, version)
+        for m in ("load_weights", "stage_weights"):  # once
+            engine.__dict__.pop(m, None)
+        named = dict(named)
+        name = sorted(named)[len(named) // 2]
+        named[name] = named[name].reshape(-1)[1:]
+        return real(named, version)
+
+    setattr(engine, method, spoilt)

@@ -1,4 +1,6 @@
-"""A run survives what clusters do to it: its only rollout worker killed mid-run (the nanny restarts it)."""
+"""A run survives what clusters do to it: its only rollout worker killed mid-run (the nanny restarts it),
+or its engine made unusable by a weight load that failed inside vLLM (the worker restarts itself)."""
+import logging
 import os
 import signal
 import time
@@ -7,6 +9,7 @@ import pytest
 
 import rose
 from rose.config import ClusterConfig
+from tests.helpers.faults import fail_next_load
 from tests.integration.helpers import FP32, small_pipeline
 
 pytestmark = pytest.mark.integration
@@ -44,6 +47,80 @@ def test_a_run_survives_its_only_rollout_worker_killed_mid_run():
     later = report.trajectories.filter(rose_step_at_least(report.trajectories, 2))
     assert set(later["worker"].to_pylist()) == {replacement}  # the nanny's new worker ran the later rollouts
     # every version the trainer made reached the engines: the last steps ran on the versions before them
+    assert report.metrics["rollout_version"].tolist()[-1] == 3
+
+
+def test_a_run_survives_a_weight_load_that_fails_inside_its_only_rollout_engine():
+    """The sync after step 1 fails to load into the engine (a wrong-shaped tensor, part way through vLLM's
+    load): the sync leaves that worker out, the worker restarts itself, and the nanny's new process joins,
+    builds a new engine, catches up and runs the later rollouts."""
+    from distributed import Client
+
+    from rose.fleet import roles_of
+    from rose.runtime.cluster import LocalRoseCluster
+
+    p = small_pipeline("guess", groups=4, group_size=4, steps=4)
+    with LocalRoseCluster(ClusterConfig(num_dedicated=1), FP32) as cluster, Client(cluster) as client:
+        (victim,) = roles_of(client)["dedicated"]
+        armed = []
+
+        def on_step(row):
+            if row["step"] == 0:  # step 0's sync is done: the next load into the engine is step 1's version
+                armed.append(client.run(fail_next_load, workers=[victim])[victim])
+
+        report = rose.run(p, cluster=client, on_step=on_step, progress=False)
+        (replacement,) = roles_of(client)["dedicated"]
+    assert armed == [True]
+    assert report.metrics["step"].tolist() == [0, 1, 2, 3]
+    assert report.lost == 0 and report.duplicated == 0 and report.summary["failed"] == 0
+    assert report.workers_lost == 1 and replacement != victim
+    later = report.trajectories.filter(rose_step_at_least(report.trajectories, 2))
+    assert set(later["worker"].to_pylist()) == {replacement}
+    assert report.metrics["rollout_version"].tolist()[-1] == 3
+
+
+def test_a_serving_worker_whose_rollout_engine_failed_a_load_serves_on_and_the_run_goes_on_without_it(caplog):
+    """The same failed load on a serving worker's rollout engine: the worker is not restarted (that would
+    cut its online traffic). The sync leaves it out, the run does not take it back, and it still serves."""
+    import asyncio
+
+    import aiohttp
+    from distributed import Client
+
+    from rose.envs import env_class
+    from rose.fleet import roles_of
+    from rose.models import prepare_model
+    from rose.runtime.cluster import LocalRoseCluster
+
+    caplog.set_level(logging.INFO, logger="rose.run")
+    model_dir = prepare_model(rose.ModelConfig(), env_class("guess"), progress=False)
+    cfg = ClusterConfig(num_dedicated=1, num_serving=1, serving_model=model_dir, serving_tpot_ms=200.0)
+    p = small_pipeline("guess", groups=4, group_size=4, steps=4)
+    with LocalRoseCluster(cfg, FP32) as cluster, Client(cluster) as client:
+        roles = roles_of(client)
+        (serving,), (dedicated,) = roles["serving"], roles["dedicated"]
+
+        def on_step(row):
+            if row["step"] == 0:
+                client.run(fail_next_load, workers=[serving])
+
+        report = rose.run(p, cluster=client, on_step=on_step, progress=False)
+        assert roles_of(client)["serving"] == [serving]  # still connected: the same process
+        port = client.scheduler_info()["workers"][serving]["metrics"]["rose"]["http_port"]
+
+        async def ask():
+            async with aiohttp.ClientSession(f"http://127.0.0.1:{port}") as http:
+                async with http.post("/v1/completions", json={"prompt": "guess", "max_tokens": 4}) as r:
+                    return r.status, await r.json()
+
+        status, body = asyncio.run(ask())
+    assert status == 200 and body["usage"]["completion_tokens"] > 0
+    assert report.metrics["step"].tolist() == [0, 1, 2, 3]
+    assert report.lost == 0 and report.duplicated == 0 and report.summary["failed"] == 0
+    assert report.workers_lost == 1
+    assert not [r.message for r in caplog.records if "connected mid-run" in r.message]  # not taken back
+    later = report.trajectories.filter(rose_step_at_least(report.trajectories, 2))
+    assert set(later["worker"].to_pylist()) == {dedicated}
     assert report.metrics["rollout_version"].tolist()[-1] == 3
 
 

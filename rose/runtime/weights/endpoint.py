@@ -39,6 +39,9 @@ class WeightEndpoint(EndpointHandlers):
         self.site = site  # network site (workers behind one fast network); from --rose-site
         self.on_commit = on_commit
         self.on_committed = on_committed
+        # () -> why the engine behind `on_commit` takes no more versions (a load into it failed), or None:
+        # a sync leaves such a receiver out (`rose.ops.train`)
+        self.unusable: Callable[[], str | None] = lambda: None
         self.dtype = dtype  # what engines hold; set per run from the engine config
         self.shard_bytes = shard_bytes
         self.store = ShardStore()

@@ -63,7 +63,7 @@ class EndpointHandlers:
         return {"receiver": to_serialize(self.receiver()), "sent_bytes": self.sent_bytes,
                 "received_bytes": self.received_bytes, "received_dense_bytes": self.received_dense_bytes,
                 "received_from": dict(self.received_from), "timing": dict(self.timing),
-                "refetches": self.refetches}
+                "refetches": self.refetches, "unusable": self.unusable()}
 
     async def _h_pull(self, hops, manifest) -> dict:
         t0 = time.perf_counter()

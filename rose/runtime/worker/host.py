@@ -40,6 +40,12 @@ class Host:
         """Rollout sequences this host can run at once now."""
         return 0
 
+    @property
+    def unusable(self) -> str | None:
+        """Why this host's rollout engine takes no more work (a weight load into it raised part way:
+        `rose.runtime.engine.pending.unusable`), or None."""
+        return getattr(self.engine, "broken", None) if self.engine is not None else None
+
     def report(self) -> dict:
         """This host's fields of the worker's `WorkerReport`."""
         # The version the rollout engine runs; without one (the trainer), the endpoint's: last published.

@@ -7,6 +7,7 @@ Tasks reach it with `rose_worker()` and stay ordinary Dask tasks.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -73,6 +74,8 @@ class RoseWorker(WorkerPlugin):
         self._last_sent: tuple | None = None
         self._last_sent_t = 0.0
         self._report_pc = None
+        self._unusable_seen = False  # the host's rollout engine was found unusable (`_check_unusable`)
+        self._restart: asyncio.Future | None = None  # this worker closing to be restarted, once it is
 
     async def setup(self, worker):
         from tornado.ioloop import PeriodicCallback
@@ -83,12 +86,13 @@ class RoseWorker(WorkerPlugin):
         self.host = self._new_host()  # it prepares the endpoint for each run
         # Synced versions go to the host's rollout engine (never to a serving model).
         self.weights.on_commit = self.host.load_weights
+        self.weights.unusable = lambda: self.host.unusable
         await self.host.start()
         # The first report rides in Worker.metrics: a preload runs before the worker connects. Later
         # ones go with Worker.log_event on every change (capacity, weight version), checked every 100 ms.
         worker.metrics[PLUGIN_NAME] = lambda w: self._metric()
         worker.stream_handlers["rose-shed"] = self._on_shed
-        self._report_pc = PeriodicCallback(self.send_report, REPORT_CHECK_MS)
+        self._report_pc = PeriodicCallback(self._check, REPORT_CHECK_MS)
         self._report_pc.start()
         logger.info("rose worker %s role=%s cores=%s", worker.address, self.role, self.cores)
 
@@ -148,6 +152,27 @@ class RoseWorker(WorkerPlugin):
         if force or sig != self._last_sent or now - self._last_sent_t > REPORT_REFRESH_S:
             self._last_sent, self._last_sent_t = sig, now
             self.worker.log_event(TOPIC, r.to_msg())
+
+    def _check(self) -> None:
+        self._check_unusable()
+        self.send_report()
+
+    def _check_unusable(self) -> None:
+        """Once the host's rollout engine is unusable (a weight load into it raised part way), a dedicated
+        worker restarts: it hands its task results to other workers, closes, and its nanny starts a new
+        process, which joins the run like any new worker (a new engine, a catch-up sync; a worker without
+        a nanny just leaves). A serving worker goes on serving and offers no rollout slots; syncs leave it
+        out until it is restarted (restarting it here would cut its online traffic)."""
+        why = self.host.unusable if self.host is not None else None
+        if why is None or self._unusable_seen:
+            return
+        self._unusable_seen = True
+        if self.role == "dedicated":
+            logger.error("worker %s restarts: %s", self.address, why)
+            self._restart = asyncio.ensure_future(self.worker.close_gracefully(restart=True, reason=f"rose: {why}"))
+        else:
+            logger.error("worker %s: %s; it goes on serving, and syncs leave it out until it is restarted",
+                         self.address, why)
 
     def _on_shed(self, keys=(), migrate=False, **kwargs) -> None:
         """Scheduler: give these rollout tasks back at their next turn boundary (a task that has not

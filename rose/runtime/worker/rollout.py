@@ -73,7 +73,7 @@ class RolloutHost(Host):
     def slots(self) -> int:
         """Rollout sequences at once: `max_slots`, or OVERSUBSCRIBE x the engine's max_num_seqs (0 until
         prepared, and once a weight load left the engine unusable)."""
-        if self.engine is None or self.spec is None or getattr(self.engine, "broken", None):
+        if self.engine is None or self.spec is None or self.unusable:
             return 0
         return self.max_slots or OVERSUBSCRIBE * self.spec.engine.max_num_seqs
 
