@@ -3,7 +3,9 @@
 Faults are armed per step (`FaultInjector.on_step` arms the next step's) and each waits for its
 moment on the cluster: a kill "@rollout" lands once the victim runs a rollout task, "@train" once the
 trainer runs the step's train task, "@sync" stalls a receiver's shard pulls and kills it once the
-trainer runs the step's sync. Shard faults corrupt the next replies the trainer serves.
+trainer runs the step's sync. Shard faults corrupt the next replies the trainer serves. A failed load
+("fail_load_dedicated", "fail_load_serving") makes the next synced version's load into that worker's
+rollout engine fail inside vLLM (the step's sync, or a catch-up).
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ import time
 
 from rose.fleet import scheduler_workers
 from rose.runtime.protocol import PLUGIN_NAME, ROLLOUT_KEY_PREFIX
-from tests.helpers.faults import corrupt_next_replies, stall_pulls
+from tests.helpers.faults import corrupt_next_replies, fail_next_load, stall_pulls
 
 
 def _armed_corruption(dask_worker) -> bool:
@@ -113,6 +115,16 @@ class FaultInjector:
             self.client.run(corrupt_next_replies, "flip" if what == "flip_shard" else "truncate", workers=[trainer])
             self.corrupt_injected += 1
             return f"next shard reply from the trainer {trainer} {'flipped' if what == 'flip_shard' else 'truncated'}"
+        if what in ("fail_load_dedicated", "fail_load_serving"):
+            deadline = time.monotonic() + self.timeout_s
+            while time.monotonic() < deadline and not self._stop.is_set():
+                victim = self._wait_for(what.removeprefix("fail_load_"))
+                try:  # once it has a rollout engine (a worker restarted after an earlier fault joins first)
+                    if victim is not None and self.client.run(fail_next_load, workers=[victim])[victim]:
+                        return f"the next weight load into {victim}'s rollout engine fails inside vLLM"
+                except AttributeError:
+                    time.sleep(0.5)
+            return None
         role = {"kill_dedicated": "dedicated", "kill_serving": "serving", "kill_trainer": "trainer",
                 "kill_receiver": "dedicated"}[what]
         if when == "sync":
