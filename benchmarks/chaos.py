@@ -10,9 +10,9 @@ Phases, each on a real LocalRoseCluster (scheduler with rose.plugin, nanny worke
    traffic with 10x bursts; faults by step: SIGKILL of the dedicated worker
    while it runs rollouts, of the trainer while it trains, of a receiver in the middle of a weight
    sync (its pulls stalled first, so the kill lands inside the sync), shards flipped and truncated
-   in transit from the trainer, a weight load that fails inside the dedicated worker's vLLM engine
-   (the worker restarts itself), and (full run) inside the serving worker's rollout engine (it serves
-   on, out of rollouts). Nannies restart every killed worker.
+   in transit from the trainer, a weight load that fails inside the serving worker's rollout engine
+   (it serves on, out of rollouts) and (full run) inside the dedicated worker's (it restarts itself).
+   Nannies restart every killed worker.
 2. asynchronous (staleness 1): SIGKILL of the serving worker while it runs rollouts (full run), of the
    dedicated worker, and of the trainer while it trains.
 3. bad inputs: hypothesis-fuzzed pipeline graphs (only ROSE's own errors may come out), hostile HTTP
@@ -48,14 +48,16 @@ from tests.helpers.chaos_faults import FaultInjector, hostile_http, serving_traf
 # it (`Report.shards_refetched`, redone steps included). So shard faults sit where no trainer kill
 # can take an armed fault along, and not where a receiver is killed in that step's sync (or,
 # asynchronous, in the next step, while that sync runs): a receiver that dies takes its count with it.
+# A failed load takes its worker out of rollouts (a dedicated one restarts, its engine rebuilt; a serving
+# one for the rest of the run): late in the run, so that the kills and shard faults still find receivers.
 SYNC_FAULTS_QUICK = {1: ["flip_shard"], 2: ["kill_dedicated@rollout"], 3: ["truncate_shard"],
-                     4: ["fail_load_dedicated"], 5: ["kill_trainer@train"], 7: ["kill_receiver@sync"]}
+                     5: ["kill_trainer@train"], 7: ["kill_receiver@sync"], 8: ["fail_load_serving"]}
 ASYNC_FAULTS_QUICK: dict[int, list[str]] = {}
 SYNC_FAULTS_FULL = {1: ["flip_shard"], 2: ["kill_dedicated@rollout"], 3: ["truncate_shard"],
                     5: ["kill_trainer@train"], 6: ["flip_shard"], 7: ["kill_receiver@sync"],
-                    8: ["kill_dedicated@rollout"], 9: ["truncate_shard"], 10: ["fail_load_dedicated"],
-                    11: ["kill_trainer@train"], 12: ["flip_shard"], 13: ["kill_receiver@sync"],
-                    15: ["truncate_shard"], 17: ["flip_shard"], 18: ["fail_load_serving"]}
+                    8: ["kill_dedicated@rollout"], 9: ["truncate_shard"], 11: ["kill_trainer@train"],
+                    12: ["flip_shard"], 13: ["kill_receiver@sync"], 15: ["truncate_shard"],
+                    16: ["fail_load_dedicated"], 17: ["flip_shard"], 18: ["fail_load_serving"]}
 ASYNC_FAULTS_FULL = {1: ["kill_serving@rollout"], 2: ["flip_shard"], 4: ["kill_dedicated@rollout"],
                      5: ["truncate_shard"], 7: ["kill_trainer@train"], 8: ["flip_shard"],
                      10: ["kill_serving@rollout"], 11: ["truncate_shard"]}
