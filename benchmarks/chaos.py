@@ -49,15 +49,17 @@ from tests.helpers.chaos_faults import FaultInjector, hostile_http, serving_traf
 # can take an armed fault along, and not where a receiver is killed in that step's sync (or,
 # asynchronous, in the next step, while that sync runs): a receiver that dies takes its count with it.
 # A failed load takes its worker out of rollouts (a dedicated one restarts, its engine rebuilt; a serving
-# one for the rest of the run): late in the run, so that the kills and shard faults still find receivers.
+# one for the rest of the run): late in the run, so that the kills and shard faults still find receivers,
+# and the dedicated one some steps after the last kill of that worker: a killed worker's replacement
+# takes about 6 steps here to join, and the fault lands only on a worker with an engine.
 SYNC_FAULTS_QUICK = {1: ["flip_shard"], 2: ["kill_dedicated@rollout"], 3: ["truncate_shard"],
                      5: ["kill_trainer@train"], 7: ["kill_receiver@sync"], 8: ["fail_load_serving"]}
 ASYNC_FAULTS_QUICK: dict[int, list[str]] = {}
 SYNC_FAULTS_FULL = {1: ["flip_shard"], 2: ["kill_dedicated@rollout"], 3: ["truncate_shard"],
                     5: ["kill_trainer@train"], 6: ["flip_shard"], 7: ["kill_receiver@sync"],
                     8: ["kill_dedicated@rollout"], 9: ["truncate_shard"], 11: ["kill_trainer@train"],
-                    12: ["flip_shard"], 13: ["kill_receiver@sync"], 15: ["truncate_shard"],
-                    16: ["fail_load_dedicated"], 17: ["flip_shard"], 18: ["fail_load_serving"]}
+                    12: ["flip_shard"], 13: ["kill_receiver@sync"], 15: ["truncate_shard"], 17: ["flip_shard"],
+                    21: ["fail_load_dedicated"], 23: ["fail_load_serving"]}
 ASYNC_FAULTS_FULL = {1: ["kill_serving@rollout"], 2: ["flip_shard"], 4: ["kill_dedicated@rollout"],
                      5: ["truncate_shard"], 7: ["kill_trainer@train"], 8: ["flip_shard"],
                      10: ["kill_serving@rollout"], 11: ["truncate_shard"]}
@@ -187,7 +189,7 @@ def main() -> None:
 
     model_dir = prepare_model(PIPELINE.model, env_class(PIPELINE.env), progress=False)
     t0 = time.perf_counter()
-    phases = [chaos_phase("sync", 9 if args.quick else 20, 0, SYNC_FAULTS_QUICK if args.quick else SYNC_FAULTS_FULL,
+    phases = [chaos_phase("sync", 9 if args.quick else 24, 0, SYNC_FAULTS_QUICK if args.quick else SYNC_FAULTS_FULL,
                           model_dir, args, load=True)]
     if not args.quick:
         phases.append(chaos_phase("async", 13, 1, ASYNC_FAULTS_FULL, model_dir, args, load=False))

@@ -116,15 +116,7 @@ class FaultInjector:
             self.corrupt_injected += 1
             return f"next shard reply from the trainer {trainer} {'flipped' if what == 'flip_shard' else 'truncated'}"
         if what in ("fail_load_dedicated", "fail_load_serving"):
-            deadline = time.monotonic() + self.timeout_s
-            while time.monotonic() < deadline and not self._stop.is_set():
-                victim = self._wait_for(what.removeprefix("fail_load_"))
-                try:  # once it has a rollout engine (a worker restarted after an earlier fault joins first)
-                    if victim is not None and self.client.run(fail_next_load, workers=[victim])[victim]:
-                        return f"the next weight load into {victim}'s rollout engine fails inside vLLM"
-                except AttributeError:
-                    time.sleep(0.5)
-            return None
+            return self._fail_load(what.removeprefix("fail_load_"))
         role = {"kill_dedicated": "dedicated", "kill_serving": "serving", "kill_trainer": "trainer",
                 "kill_receiver": "dedicated"}[what]
         if when == "sync":
@@ -142,6 +134,37 @@ class FaultInjector:
         if victim is None:
             return None
         return f"SIGKILL pid {self._kill(victim)} ({victim}) during {when}"
+
+
+    def _fail_load(self, role: str) -> str | None:
+        """Arm a failed load on the `role` worker once it has a rollout engine (a worker restarted after
+        an earlier fault joins first), then wait for a load to hit it: landed once its engine reports
+        itself unusable. A victim that leaves first, or a phase that ends first, counts as missed."""
+        deadline = time.monotonic() + self.timeout_s
+        victim = None
+        while victim is None and time.monotonic() < deadline and not self._stop.is_set():
+            victim = self._wait_for(role)
+            try:
+                if victim is None or not self.client.run(fail_next_load, workers=[victim])[victim]:
+                    victim = None
+            except AttributeError:  # no rollout engine yet
+                victim = None
+                time.sleep(0.5)
+        armed_at = time.monotonic()
+        while victim is not None and time.monotonic() < deadline and not self._stop.is_set():
+            try:
+                why = self.client.run(_unusable, workers=[victim])[victim]
+            except Exception:  # it left (a dedicated worker restarts once its engine is unusable: look sooner)
+                return None
+            if why:
+                return (f"a weight load into {victim}'s rollout engine failed inside vLLM "
+                        f"{time.monotonic() - armed_at:.1f} s after arming: {why[:80]}...")
+            time.sleep(0.02)
+        return None
+
+
+def _unusable(dask_worker) -> str | None:
+    return dask_worker.plugins[PLUGIN_NAME].host.unusable
 
 
 class _Traffic:
