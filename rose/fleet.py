@@ -60,13 +60,22 @@ def wait_for_trainer(client: Client, timeout_s: float, poll_s: float = 1.0, gone
     restarting the one that died, or a new `dask worker ... --rose-role trainer`)."""
     deadline = time.monotonic() + timeout_s
     while True:
-        trainers = [a for a in roles_of(client).get("trainer", []) if a != gone]
+        workers = scheduler_workers(client)
+        trainers = [a for a in roles_of(client, workers).get("trainer", []) if a != gone]
         if trainers:
             return trainers[0]
         if time.monotonic() >= deadline:
             raise RunError(f"no trainer worker connected in {timeout_s:.0f} s; start one with "
-                           "`dask worker ... --preload rose.worker --rose-role trainer`")
+                           "`dask worker ... --preload rose.worker --rose-role trainer` (connected now: "
+                           f"{_connected(workers)})")
         time.sleep(poll_s)
+
+
+def _connected(workers: dict[str, dict]) -> str:
+    """The scheduler's workers with their ROSE roles, for an error: a restarted worker that connected
+    but never reported its role (its plugin did not start) shows as "no ROSE report"."""
+    roles = {a: r for r, addrs in roles_of(None, workers).items() for a in addrs}
+    return ", ".join(f"{a} ({roles.get(a, 'no ROSE report')})" for a in sorted(workers)) or "none"
 
 
 JOIN_ATTEMPTS = 3  # times a connecting worker's preparation is tried before the run gives up on it

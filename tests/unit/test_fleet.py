@@ -96,7 +96,9 @@ def test_a_trainer_that_left_ends_every_poll_until_one_connects():
     del client.workers["tcp://t"]
     with pytest.raises(fleet_mod.TrainerLost, match="tcp://t left the run"):
         f.poll(1)
-    with pytest.raises(RunError, match="no trainer worker connected in 0 s"):
+    client.workers["tcp://x"] = None  # connected, without a ROSE report (its plugin did not start)
+    with pytest.raises(RunError, match=r"no trainer worker connected in 0 s.*\(connected now: tcp://d \(dedicated\), "
+                                       r"tcp://x \(no ROSE report\)\)"):
         fleet_mod.wait_for_trainer(client, timeout_s=0.0, poll_s=0.0, gone="tcp://t")
     client.workers["tcp://t2"] = "trainer"  # the nanny restarted it, at a new address
     assert fleet_mod.wait_for_trainer(client, timeout_s=0.0, poll_s=0.0, gone="tcp://t") == "tcp://t2"
