@@ -135,7 +135,6 @@ class FaultInjector:
             return None
         return f"SIGKILL pid {self._kill(victim)} ({victim}) during {when}"
 
-
     def _fail_load(self, role: str) -> str | None:
         """Arm a failed load on the `role` worker once it has a rollout engine (a worker restarted after
         an earlier fault joins first), then wait for a load to hit it: landed once its engine reports

@@ -88,7 +88,7 @@ def test_a_serving_worker_whose_rollout_engine_failed_a_load_serves_on_and_the_r
     from distributed import Client
 
     from rose.envs import env_class
-    from rose.fleet import roles_of
+    from rose.fleet import roles_of, scheduler_workers
     from rose.models import prepare_model
     from rose.runtime.cluster import LocalRoseCluster
 
@@ -106,7 +106,7 @@ def test_a_serving_worker_whose_rollout_engine_failed_a_load_serves_on_and_the_r
 
         report = rose.run(p, cluster=client, on_step=on_step, progress=False)
         assert roles_of(client)["serving"] == [serving]  # still connected: the same process
-        port = client.scheduler_info()["workers"][serving]["metrics"]["rose"]["http_port"]
+        port = scheduler_workers(client)[serving]["metrics"]["rose"]["http_port"]
 
         async def ask():
             async with aiohttp.ClientSession(f"http://127.0.0.1:{port}") as http:
