@@ -275,3 +275,54 @@ def test_a_publish_waits_for_the_sync_of_the_version_before_and_fails_with_it():
     ep.reset("float32")
     with pytest.raises(EngineError, match="did not finish in 0 s"):
         ep.wait_synced(1, timeout_s=0.05)
+
+
+def test_a_sync_planned_while_the_trainer_publishes_plans_from_the_versions_it_started_with():
+    """A catch-up sync (a worker that joined) is not held back by a publish as a step's sync is, so the
+    trainer may publish the next version while the catch-up awaits its receivers' states. Seen in a chaos
+    run: it read the version before that wait and the previous version after it, and refused to plan v5
+    against v5 as its previous version. It plans from one snapshot and brings the receiver to v2."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from rose.runtime.weights.endpoint import WeightEndpoint
+    from rose.runtime.weights.sync import sync_to
+
+    ep = WeightEndpoint(SimpleNamespace(handlers={}, address="tcp://trainer"), "default")
+    ep.reset("float32", 64)
+
+    def publish(version):
+        manifest, data = shard_params(_tensors(version), version, "float32", 64)
+        ep.hold(manifest, data)
+
+    publish(1)
+    publish(2)
+    pulled = []
+
+    class Receiver_:  # the joining worker's endpoint, as the trainer's rpc reaches it
+        def __init__(self):
+            self.version = 0
+
+        async def rose_weights_state(self):
+            if not pulled:  # the trainer's next train step publishes while the sync waits for this answer
+                publish(3)
+            return {"receiver": Receiver("tcp://new", "default", self.version, frozenset()), "sent_bytes": 0,
+                    "received_bytes": 0, "received_dense_bytes": 0, "received_from": {}, "timing": {},
+                    "refetches": 0}
+
+        async def rose_weights_expect(self, hashes):
+            return len(hashes)
+
+        async def rose_weights_pull(self, hops, manifest):
+            pulled.append(manifest.data.version)
+            return {"seconds": 0.0}
+
+        async def rose_weights_commit(self, version):
+            self.version = version
+            return {"worker": "tcp://new", "weight_version": version}
+
+    new = Receiver_()
+    worker = SimpleNamespace(address="tcp://trainer", rpc=lambda address: new)
+    status = asyncio.run(sync_to(worker, ep, ["tcp://new"]))
+    assert pulled == [2] and status["version"] == 2 and new.version == 2
+    assert ep.version == 3  # the trainer moved on; the next sync brings the receiver there

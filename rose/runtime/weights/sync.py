@@ -39,7 +39,11 @@ async def sync_to(worker, source: WeightEndpoint, receivers: list[str], mode: st
     and then drops the version (to measure a transfer without applying it). `before`: the receivers'
     `receiver_states`, if the caller has just read them (the counters returned are from there). `ready`:
     awaited once every receiver has staged the version, before the commit (`waited_s`: how long)."""
-    manifest = source.manifest
+    # One snapshot of what the source publishes, before any wait: a catch-up sync (a worker that joined)
+    # is not held back by a publish as a step's sync is, so the trainer may publish the next version
+    # while this one awaits its receivers. Reading `prev` after that wait planned v5 against v5 as its
+    # previous version ("previous manifest v5 is not older than v5"; a chaos run's asynchronous phase).
+    manifest, prev, origins = source.manifest, source.prev, source.origins
     if manifest is None:
         raise EngineError("nothing to sync: the source has published no version", worker=worker.address)
     t0 = time.perf_counter()
@@ -52,9 +56,9 @@ async def sync_to(worker, source: WeightEndpoint, receivers: list[str], mode: st
     if not rs:
         return {"version": manifest.version, "statuses": done_statuses, "sent_bytes": 0, "hops": 0, "seconds": 0.0}
     if mode == "full":
-        plan = plan_full(manifest, rs, worker.address, source.origins)
+        plan = plan_full(manifest, rs, worker.address, origins)
     else:
-        plan = plan_sync(manifest, rs, worker.address, source.site, source.prev, source.origins)
+        plan = plan_sync(manifest, rs, worker.address, source.site, prev, origins)
     wire_manifest = to_serialize(manifest)
     by_dst: dict[str, list] = {r.address: [] for r in rs}  # every receiver stages the version
     for hop in plan.hops:
@@ -90,7 +94,7 @@ async def sync_to(worker, source: WeightEndpoint, receivers: list[str], mode: st
     received = sum(a["received_bytes"] - b["received_bytes"] for a, b in zip(after, before))
     dense = sum(a["received_dense_bytes"] - b["received_dense_bytes"] for a, b in zip(after, before))
     sites = {r.address: r.site for r in everyone} | {worker.address: source.site} | {
-        o.address: o.site for o in source.origins}
+        o.address: o.site for o in origins}
     cross = sum(n - b["received_from"].get(src, 0) for a, b, r in zip(after, before, everyone)
                 for src, n in a["received_from"].items() if sites.get(src, "?") != r.site)
     return {"version": manifest.version, "statuses": done_statuses + list(statuses), "sent_bytes": received, "dense_bytes": dense,
