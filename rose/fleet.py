@@ -102,7 +102,7 @@ class Fleet:
         self.attempts: collections.Counter = collections.Counter()  # address -> joins tried
         self._retry_at: dict[str, float] = {}  # address -> monotonic time its next join may start
         self.roles: dict[str, list[str]] = {}  # worker addresses by role, as of the last poll
-        self.lost: dict[str, str] = {}  # address -> why it left the run (the scheduler's cause)
+        self.lost: dict[str, str] = {}  # address -> why it left the run (the scheduler's cause, or its unusable engine)
         # Connected workers whose rollout engine is unusable (a weight load into it failed; a sync left
         # them out): address -> why. Not joined again while they stay connected: a dedicated one restarts
         # itself and comes back as a new worker, a serving one serves on until its operator restarts it.
