@@ -99,6 +99,7 @@ def chaos_phase(name: str, steps: int, staleness: int, faults: dict, model_dir: 
             out["error"] = None
         except RunError as e:  # counted as steps not completed; the figures show it
             report, out["error"] = e.report, str(e)
+            print(f"[{name}] {e}\n{cluster_processes()}", file=sys.stderr, flush=True)
         out["seconds"] = round(time.perf_counter() - t0, 1)
         injector.stop()
         unsent = injector.corrupt_unsent()
@@ -116,6 +117,34 @@ def chaos_phase(name: str, steps: int, staleness: int, faults: dict, model_dir: 
                faults=injector.done, burst=burst)
     print(f"[{name}] {json.dumps({k: v for k, v in out.items() if k != 'faults'})}", file=sys.stderr, flush=True)
     return out
+
+
+def cluster_processes() -> str:
+    """This process's descendants (the cluster's nannies and workers), each with its state, CPU and age,
+    and its Python stacks where py-spy is installed: what a failed phase leaves to look at (two full runs
+    on 2026-12-06 ended with restarted workers that never connected, and their logs said nothing)."""
+    import shutil
+    import subprocess
+
+    rows = subprocess.run(["ps", "-eo", "pid,ppid,etimes,stat,pcpu,rss,args"], capture_output=True,
+                          text=True).stdout.splitlines()
+    children: dict[int, list[str]] = {}
+    for row in rows[1:]:
+        pid, ppid = (int(x) for x in row.split()[:2])
+        children.setdefault(ppid, []).append(row)
+    out, todo = [rows[0]], [os.getpid()]
+    while todo:
+        for row in children.get(todo.pop(), []):
+            if row.split()[6:8] == ["ps", "-eo"]:  # this listing itself
+                continue
+            out.append(row[:200])
+            todo.append(int(row.split()[0]))
+    spy = shutil.which("py-spy")
+    for row in out[1:] if spy else []:
+        pid = row.split()[0]
+        dump = subprocess.run([spy, "dump", "-p", pid], capture_output=True, text=True, timeout=30)
+        out.append(f"--- py-spy dump -p {pid}\n{(dump.stdout or dump.stderr)[:4000]}")
+    return "\n".join(out)
 
 
 def bad_inputs_phase(model_dir: str, args) -> dict:
