@@ -130,7 +130,7 @@ async def _sync_alive(w, receivers: tuple[str, ...], ready=None) -> dict:
                 log.error("sync leaves out %d receivers whose engines are unusable: %s", len(out),
                           "; ".join(f"{a}: {why}" for a, why in out.items()))
                 unusable |= out
-                alive, before = [a for a in alive if a not in out], [s for s in before if s.get("unusable") is None]
+                alive, before = [a for a in alive if a not in out], [s for s in before if not s.get("unusable")]
             counts = {a: s["refetches"] for a, s in zip(alive, before)}
             status = await sync_to(w.worker, w.weights, alive, before=before, ready=ready)
             return status | {"refetches": status.get("refetches", 0) + refetched, "unusable": unusable}
