@@ -18,6 +18,7 @@ from typing import Awaitable, Callable
 
 from rose.errors import EngineError
 from rose.runtime.engine.base import SamplingSpec
+from rose.runtime.engine.deadlines import timeout_message
 from rose.runtime.trajectory import Trajectory
 
 
@@ -31,15 +32,18 @@ async def generate_turn(engine, prompt: list[int], sampling: SamplingSpec, reque
     fails with that reason."""
     here = getattr(engine, "on_loop", None)
     here = here is not None and here()  # this rollout runs on the engine's own loop: no thread crossed
+    # An engine loop that keeps the turn's deadline itself spares the turn a timer (engine/deadlines.py)
+    keeps = here and getattr(engine, "keeps_deadlines", False)
     for attempt in range(ENGINE_RETRIES + 1):
         try:
+            if keeps:
+                return await engine.agenerate(prompt, sampling, request_id=request_id, timeout_s=timeout_s)
             fut = engine.agenerate(prompt, sampling, request_id=request_id) if here else \
                 asyncio.wrap_future(engine.generate(prompt, sampling, request_id=request_id))
             async with asyncio.timeout(timeout_s):
                 return await fut
         except TimeoutError:
-            raise EngineError(f"no answer from the engine in {timeout_s:g} s (request_timeout_s)",
-                              request_id=request_id) from None
+            raise EngineError(timeout_message(timeout_s), request_id=request_id) from None
         except EngineError as e:
             if not e.context.get("retryable") or attempt == ENGINE_RETRIES:
                 raise

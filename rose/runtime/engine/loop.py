@@ -35,6 +35,7 @@ from typing import Callable, Coroutine
 from rose.errors import EngineError
 from rose.runtime.engine.base import Engine, SamplingSpec
 from rose.runtime.engine.batching import BatchHold, hold_s
+from rose.runtime.engine.deadlines import Deadlines, timeout_message
 from rose.runtime.engine.pending import PendingRollout, absorb, engine_future, fail, settle, unusable
 from rose.runtime.engine.thread import bind_thread, build, run_until_stopped
 
@@ -74,6 +75,8 @@ START_MAX_S = 0.06
 class EngineLoop:
     """Steps `engine` on a daemon thread running an asyncio loop: a `RolloutEngine`. Thread-safe."""
 
+    keeps_deadlines = True  # `agenerate` takes a turn's timeout and enforces it here (deadlines.py)
+
     def __init__(self, engine: Engine | Callable[[], Engine], name: str = "rose-engine-loop",
                  cores: tuple[int, ...] | None = None, hold: BatchHold | None = None,
                  arriving: Callable[[], int] | None = None):
@@ -96,6 +99,7 @@ class EngineLoop:
         self._handoff_at = 0.0  # perf_counter seconds another thread last handed this loop work (run, generate)
         self.engine: Engine | None = None
         self.aio: asyncio.AbstractEventLoop | None = None  # the thread's event loop
+        self._deadlines: Deadlines | None = None  # turns' deadlines (`agenerate`), made with the loop
         self._pending: dict[str, PendingRollout] = {}  # by engine request id; loop thread only
         # Requests in `_pending` not yet in the engine: (id, prompt, sampling). Added together just before
         # the next iteration, as a caller of vLLM in lockstep adds a turn's requests after stepping every
@@ -127,13 +131,18 @@ class EngineLoop:
         self._call(self._add, self._rid(request_id), list(prompt_token_ids), spec, fut)
         return fut
 
-    def agenerate(self, prompt_token_ids: list[int], spec: SamplingSpec,
-                  request_id: str | None = None) -> asyncio.Future:
+    def agenerate(self, prompt_token_ids: list[int], spec: SamplingSpec, request_id: str | None = None,
+                  timeout_s: float | None = None) -> asyncio.Future:
         """`generate` for a caller on this loop's own thread (`on_loop()`): an asyncio future, resolved
-        without crossing threads. A caller that stops waiting (a deadline) cancels only its future; the
-        request finishes in the engine and its result is dropped."""
+        without crossing threads. `timeout_s`: unanswered after this long, the request is dropped and the
+        future fails with EngineError (checked at the deadline, or at most `deadlines.SWEEP_S` late). A
+        caller that stops waiting cancels only its future; the request finishes in the engine and its
+        result is dropped."""
         fut = self.aio.create_future()
-        self._add(self._rid(request_id), list(prompt_token_ids), spec, fut)
+        rid = self._rid(request_id)
+        self._add(rid, list(prompt_token_ids), spec, fut)
+        if timeout_s is not None and not fut.done():
+            self._deadlines.add(rid, fut, timeout_s)
         return fut
 
     def run(self, coro: Coroutine) -> Future:
@@ -203,6 +212,7 @@ class EngineLoop:
         try:
             self.engine = build(engine)
             self.aio = asyncio.new_event_loop()
+            self._deadlines = Deadlines(self.aio, self._expire)
         except BaseException as e:  # surfaces in __init__
             self._start_error = e
             return
@@ -217,6 +227,7 @@ class EngineLoop:
         for kind, args in self._deferred:
             settle(args[-1], EngineError(f"{self._thread.name} closed before this {kind} command applied"))
         self._deferred.clear()
+        self._deadlines.close()
         self.aio.call_soon(self.aio.stop)  # after the rollouts those failures woke have recorded them
 
     def _add(self, rid: str, prompt: list[int], spec: SamplingSpec, fut) -> None:
@@ -229,6 +240,8 @@ class EngineLoop:
             self._add_now(rid, prompt, spec, fut)
 
     def _add_now(self, rid: str, prompt: list[int], spec: SamplingSpec, fut) -> None:
+        if fut.done():  # it waited behind a weight load past its deadline, or its caller gave up
+            return
         if self.broken:
             settle(fut, EngineError(self.broken, request_id=rid))
             return
@@ -265,6 +278,18 @@ class EngineLoop:
             self.broken = unusable(version, e)
             logger.error("%s", self.broken)
             fut.set_exception(e)
+
+    def _expire(self, rid: str, fut, timeout_s: float) -> None:
+        """A turn past its deadline (`Deadlines`): fail it, and take it out of the engine."""
+        if self._pending.pop(rid, None) is not None:
+            unsent = [u for u in self._unsent if u[0] != rid]
+            if len(unsent) < len(self._unsent):
+                self._unsent = unsent
+            else:
+                self.engine.abort([rid])
+            if not self._pending:
+                self._drain()  # a weight load waiting for the requests in flight
+        settle(fut, EngineError(timeout_message(timeout_s), request_id=rid))
 
     def _drain(self) -> None:
         """Apply the deferred commands in order, while nothing is in flight (a load then waits again)."""
