@@ -8,7 +8,10 @@ Same episodes (guess env, same seeds, same per-turn sampling seeds, temperature 
 Both engines are bound to the same single core and built from the same engine arguments
 (`engine_kwargs`), both processes collect garbage as a ROSE worker does (`tune_gc`), and both stay up
 for the whole run; rounds alternate between the two paths.
-Throughput is generated tokens per wall second over the timed rounds after one warm-up round. Each
+Throughput is generated tokens per wall second over the timed rounds after one warm-up round (24 of 256
+episodes by default: a round lasts about 0.4 s, and on a shared host one stall of 0.1 s or more in one of
+8 rounds moved the figure by up to 8 %: 8-round runs of one code gave 0.761 and 0.840 within minutes,
+24-round runs 0.834-0.839; RESULTS.md, 2026-12-06). Each
 synchronous round's time is also split into the engine's own (its iterations: `LLMEngine.step` timed
 in the direct process, the engine loop's `busy_s` on ROSE's worker, read off the clock) and the rest,
 the path around the engine: where the two paths' times differ.
@@ -206,14 +209,14 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer, smaller rounds (about 2 minutes)")
     ap.add_argument("--trajectories", type=int, default=None, help="episodes per round (multiple of 8)")
-    ap.add_argument("--rounds", type=int, default=None)
+    ap.add_argument("--rounds", type=int, default=None, help="timed rounds [default: 24; --quick: 3]")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--batch-hold-ms", type=float, default=None,
                     help="EngineConfig.batch_hold_ms of ROSE's engine [default: EngineConfig's]")
     ap.add_argument("--direct-only", action="store_true", help=argparse.SUPPRESS)  # internal: the baseline's process
     args = ap.parse_args()
     n = args.trajectories or (64 if args.quick else 256)
-    rounds = args.rounds or (3 if args.quick else 8)
+    rounds = args.rounds or (3 if args.quick else 24)
 
     from rose.config import EngineConfig, ModelConfig
     from rose.envs import env_class
