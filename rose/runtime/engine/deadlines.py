@@ -7,9 +7,10 @@ Why not `asyncio.timeout` on every turn: each one schedules and cancels a timer 
 engine's thread, between two iterations. Here a turn costs one tuple appended to a list; one timer per
 loop sweeps the list at the earliest deadline, or after SWEEP_S at the latest (which bounds the list to
 the turns of the last SWEEP_S), drops the turns answered since and fails the ones past their deadline.
-Measured (256 guess episodes a round, about 1,200 turns): on an instant engine, a turn's Python on the
-loop took 50-54 us against 58-61 with a timer per turn; `benchmarks/rollout_overhead.py` (24 rounds,
-three runs of each, alternated) gave 0.846-0.861 of vLLM called directly against 0.834-0.839.
+Measured (256 guess episodes a round, about 1,200 turns): on an instant engine, with a worker's garbage
+collector settings, a turn's Python on the loop took 25-27 us against 28.6-29.0 with a timer per turn
+(alternated runs); `benchmarks/rollout_overhead.py` (24 rounds, three runs of each, alternated) gave
+0.846-0.861 of vLLM called directly against 0.834-0.839.
 """
 from __future__ import annotations
 
