@@ -9,8 +9,8 @@ Both engines are bound to the same single core and built from the same engine ar
 (`engine_kwargs`), both processes collect garbage as a ROSE worker does (`tune_gc`), and both stay up
 for the whole run; rounds alternate between the two paths.
 Throughput is generated tokens per wall second over the timed rounds after one warm-up round (24 of 256
-episodes by default: a round lasts about 0.4 s, and on a shared host one stall of 0.1 s or more in one of
-8 rounds moved the figure by up to 8 %: 8-round runs of one code gave 0.761 and 0.840 within minutes,
+episodes by default: a round lasts about 0.4 s, and on a shared host a few slow rounds moved an 8-round
+figure by up to 0.08: 8-round runs of one code gave 0.761 and 0.840 minutes apart, its rounds 0.59-0.89;
 24-round runs 0.834-0.839; RESULTS.md, 2026-12-06). Each
 synchronous round's time is also split into the engine's own (its iterations: `LLMEngine.step` timed
 in the direct process, the engine loop's `busy_s` on ROSE's worker, read off the clock) and the rest,
