@@ -120,9 +120,10 @@ def chaos_phase(name: str, steps: int, staleness: int, faults: dict, model_dir: 
 
 
 def cluster_processes() -> str:
-    """This process's descendants (the cluster's nannies and workers), each with its state, CPU and age,
-    and its Python stacks where py-spy is installed: what a failed phase leaves to look at (two full runs
-    on 2026-12-06 ended with restarted workers that never connected, and their logs said nothing)."""
+    """This process (it runs the cluster's scheduler and nannies) and its descendants (the workers), each
+    with its state, CPU and age, and its Python stacks where py-spy is installed: what a failed phase
+    leaves to look at (two full runs on 2026-12-06 ended with restarted workers that never connected, and
+    their logs said nothing)."""
     import shutil
     import subprocess
 
@@ -132,7 +133,8 @@ def cluster_processes() -> str:
     for row in rows[1:]:
         pid, ppid = (int(x) for x in row.split()[:2])
         children.setdefault(ppid, []).append(row)
-    out, todo = [rows[0]], [os.getpid()]
+    me = next(row for row in rows[1:] if int(row.split()[0]) == os.getpid())
+    out, todo = [rows[0], me[:200]], [os.getpid()]  # this process too: it holds the nannies
     while todo:
         for row in children.get(todo.pop(), []):
             if row.split()[6:8] == ["ps", "-eo"]:  # this listing itself
@@ -142,7 +144,7 @@ def cluster_processes() -> str:
     spy = shutil.which("py-spy")
     for row in out[1:] if spy else []:
         pid = row.split()[0]
-        dump = subprocess.run([spy, "dump", "-p", pid], capture_output=True, text=True, timeout=30)
+        dump = subprocess.run([spy, "dump", "--nonblocking", "-p", pid], capture_output=True, text=True, timeout=30)
         out.append(f"--- py-spy dump -p {pid}\n{(dump.stdout or dump.stderr)[:4000]}")
     return "\n".join(out)
 
