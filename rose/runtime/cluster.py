@@ -19,6 +19,7 @@ import time
 
 from distributed import Nanny, Scheduler, Security, SpecCluster
 from distributed.core import Status
+from distributed.deploy.cluster import Cluster
 from tornado.ioloop import PeriodicCallback
 
 from rose.config import ClusterConfig, EngineConfig
@@ -201,6 +202,20 @@ class LocalRoseCluster(SpecCluster):
             pc = PeriodicCallback(self._elastic_tick, 500)
             self.periodic_callbacks["rose-elastic"] = pc
             self.loop.add_callback(pc.start)
+
+    def _update_worker_status(self, op, msg):
+        """Follow the scheduler's worker list, without SpecCluster's closing of lost workers.
+
+        SpecCluster closes the nanny of a worker the scheduler removed if, `distributed.deploy.lost-worker-timeout`
+        (15 s) later, no worker of that name is connected: it looks at that instant only. A worker killed
+        twice about 15 s apart was then caught between its second death and its replacement's start, and its
+        nanny was closed for good: the run waited for a trainer that never came (chaos runs, 2026-12-06;
+        reproduced by killing the dedicated worker and the trainer 3.5 s apart, twice). Here every worker
+        runs under a nanny that restarts it; nothing else should close one."""
+        if op == "remove":
+            Cluster._update_worker_status(self, op, msg)
+        else:
+            super()._update_worker_status(op, msg)
 
     def _colocated(self, cores: tuple[int, ...]) -> tuple[str, ...]:
         """A dedicated worker on a trainer core shares the trainer's device: it takes no rollouts while
