@@ -210,8 +210,8 @@ class LocalRoseCluster(SpecCluster):
         (15 s) later, no worker of that name is connected: it looks at that instant only. A worker killed
         twice about 15 s apart was then caught between its second death and its replacement's start, and its
         nanny was closed for good: the run waited for a trainer that never came (chaos runs, 2026-12-06;
-        reproduced on an idle cluster by killing the dedicated worker, then the trainer 3.5 s later, cycle
-        after cycle). Here every worker runs under a nanny that restarts it; nothing else should close one
+        reproduced on an idle cluster by killing the dedicated worker, then the trainer 2.5-4.5 s later, cycle
+        after cycle: it came at 3.5 s, the fifth). Here every worker runs under a nanny that restarts it; nothing else should close one
         (scaling down still closes the workers it drops from the spec)."""
         if op == "remove":
             Cluster._update_worker_status(self, op, msg)
