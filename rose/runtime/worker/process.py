@@ -73,8 +73,18 @@ def stop_profiler(worker) -> None:
 
 def bind_to_cores(cores: tuple[int, ...]) -> None:
     """Bind the whole process: its Python threads (rollout tasks, Dask comms) then stay off the cores
-    of the other workers on this host, as its engine's kernels do."""
+    of the other workers on this host, as its engine's kernels do.
+
+    Linux binds one thread per call (pid 0 is the calling thread), and threads inherit their creator's
+    cores. Threads started before the worker's setup (the nanny's watcher, the allocator's) would keep
+    the cores of whatever started the process, so every thread there is now is bound too."""
     try:
         os.sched_setaffinity(0, set(cores))
     except (AttributeError, OSError) as e:
         logger.warning("cannot bind worker to cores %s: %s", cores, e)
+        return
+    for tid in os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else ():
+        try:
+            os.sched_setaffinity(int(tid), set(cores))
+        except OSError:  # the thread has ended since
+            pass
