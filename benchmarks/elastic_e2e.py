@@ -7,6 +7,10 @@ for the same number of steps, same seed, under four setups, each run on a fresh 
 scheduler with rose.plugin, real worker processes, vLLM). This host has two cores. The RL job owns
 core 0: its trainer and one dedicated rollout worker share it, as a colocated trainer and rollout
 engine share a device. Core 1 stands for capacity outside the job:
+This process (the driver, the Dask scheduler, the nannies: the job's control plane) is bound to core 0
+too (`--driver-anywhere` leaves it free): left free, the OS ran it on core 1 beside the serving worker
+in rose's runs, and rose's speed-up over fixed fell from 1.43-1.49 (bound) to 1.28-1.34 (free) in
+mirrored A/B runs (--quick --rate 46 --capacity 307, 2026-12-06).
 - fixed: nothing more; core 0 only. The dedicated worker runs all of a step's rollouts at once.
 - elastic: the dedicated worker takes --dedicated-slots sequences at once; what waits makes the
   scaler ask for an on-demand dedicated worker (core 1, up to 1, --serving-seqs slots: the serving
@@ -77,6 +81,7 @@ from benchmarks.support.traffic_process import TrafficProcess  # noqa: E402
 from rose.runtime.cluster import LocalRoseCluster  # noqa: E402
 from rose.runtime.coserve import traffic  # noqa: E402
 from rose.runtime.coserve.traffic import LoadReport  # noqa: E402
+from rose.runtime.worker.process import bind_to_cores  # noqa: E402
 
 LOAD = 0.15  # the serving worker's default request rate, as a share of its measured capacity
 CAPACITY_S = 8.0  # seconds of closed-loop requests that measure it
@@ -185,10 +190,12 @@ def run_policy(name: str, pipeline, cluster_cfg, steps: int, args, staleness: in
                                   cores=tuple(sorted(spare)) or None)
         t0 = time.monotonic()
         engine_s: list[dict] = []  # `engine_seconds` of every worker at the timed window's start and end
+        driver_cpu: list[float] = []  # this process's CPU seconds then (the scheduler, the nannies, the driver)
 
         def read_engines(row):
             if row["step"] in (0, steps - 1):
                 engine_s.append(client.run(engine_seconds))
+                driver_cpu.append(time.process_time())
 
         report = rose.run(replace(pipeline, cluster=cluster_cfg, staleness=staleness), cluster=client, steps=steps,
                           progress=False,
@@ -213,6 +220,7 @@ def run_policy(name: str, pipeline, cluster_cfg, steps: int, args, staleness: in
                  if w["name"] == "serving-0" or w["name"] == "dedicated-1" or str(w["name"]).startswith("elastic-")}
     out.update(core1_use(samples, core1, stamps[0], stamps[-1]))
     out.update(core1_steps(engine_s[0], engine_s[-1], core1, stamps[-1] - stamps[0]))
+    out["driver_cpu_share"] = (driver_cpu[-1] - driver_cpu[0]) / (stamps[-1] - stamps[0])
     if cluster_cfg.policy == "elastic":
         first: dict[str, float] = {}
         for t, addr, _, _, used in samples:
@@ -267,6 +275,8 @@ def main():
     ap.add_argument("--migrate", action="store_true",
                     help="rose moves its tail off the serving worker to dedicated room (ClusterConfig.migrate)")
     ap.add_argument("--policies", default="fixed,elastic,rose,ideal", help=argparse.SUPPRESS)  # debugging: a subset
+    ap.add_argument("--driver-anywhere", action="store_true",
+                    help="leave this process (the driver, the scheduler, the nannies) free to run on core 1 too")
     args = ap.parse_args()
     steps = args.steps or (12 if args.quick else 30)
     if args.capacity is not None and args.rate is None:
@@ -282,6 +292,8 @@ def main():
     model_dir = prepare_model(pipeline.model, env_class(pipeline.env), progress=False)
     base = rose.ClusterConfig(num_dedicated=1, cores=(0, 1), trainer_cores=(0,), serving_ttft_ms=args.ttft_ms,
                               serving_tpot_ms=args.tpot_ms)
+    if not args.driver_anywhere:  # the job's control plane on the job's core (the docstring)
+        bind_to_cores(base.trainer_cores)
     elastic = ElasticConfig(max_extra=1, worker_slots=args.serving_seqs, allocation_delay_s=args.allocation_delay,
                             idle_release_s=60.0)
     fixed = replace(base, policy="fixed")
@@ -387,6 +399,7 @@ def main():
         "steps": steps, "elastic_steps": args.elastic_steps if ek else None, "serving_rate": args.rate,
         "serving_capacity": rounded(args.capacity, 1), "serving_load": round(load, 3), "ttft_ms": args.ttft_ms,
         "tpot_ms": args.tpot_ms, "migrate": args.migrate, "quick": args.quick,
+        "driver_anywhere": args.driver_anywhere,
         "fixed_run": fk, "elastic_run": ek, "rose_run": rk, "ideal_run": ik,
         "speedup_per_run": {f"{k} #{i + 1}": round(r["traj_s"] / f_traj, 3)
                             for k, rs in results.items() for i, r in enumerate(rs)} if f_traj else None,
