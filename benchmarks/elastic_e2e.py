@@ -6,11 +6,11 @@ The default pipeline (pipelines/guess.py: 16 groups of 8 trajectories a step, GR
 for the same number of steps, same seed, under four setups, each run on a fresh LocalRoseCluster (real
 scheduler with rose.plugin, real worker processes, vLLM). This host has two cores. The RL job owns
 core 0: its trainer and one dedicated rollout worker share it, as a colocated trainer and rollout
-engine share a device. Core 1 stands for capacity outside the job:
-This process (the driver, the Dask scheduler, the nannies: the job's control plane) is bound to core 0
-too (`--driver-anywhere` leaves it free): left free, the OS ran it on core 1 beside the serving worker
-in rose's runs, and rose's speed-up over fixed fell from 1.43-1.49 (bound) to 1.28-1.34 (free) in
-mirrored A/B runs (--quick --rate 46 --capacity 307, 2026-12-06).
+engine share a device. This process (the driver, the Dask scheduler, the nannies: the job's control
+plane) is bound to core 0 too (`--driver-anywhere` leaves it free): left free, the OS ran it on core 1
+beside the serving worker in rose's runs, and in A/B pairs on one host (--quick, each pair at one --rate
+and --capacity, 2026-12-06) rose's speed-up over fixed was 1.43-1.49 bound and 1.28-1.34 free in a fast
+hour, 1.13 and 1.11 in a slow one. Core 1 stands for capacity outside the job:
 - fixed: nothing more; core 0 only. The dedicated worker runs all of a step's rollouts at once.
 - elastic: the dedicated worker takes --dedicated-slots sequences at once; what waits makes the
   scaler ask for an on-demand dedicated worker (core 1, up to 1, --serving-seqs slots: the serving
