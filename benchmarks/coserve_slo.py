@@ -8,7 +8,8 @@ number of rollout sequences; the trainer (idle) and this client on core 1.
 1. capacity: closed-loop requests against the serving endpoint give its request rate at saturation,
    reported as the load the traffic puts on it. The traffic's rate is fixed (--rate, req/s), not a
    fraction of each run's own capacity measurement, so runs compare; the share it is of the capacity
-   is printed (70 req/s: 16-18 % on the Zen 5 host, about 43 % on the AVX512 host: RESULTS.md). The
+   is printed (70 req/s: 16-18 % on the Zen 5 host, 28-29 % on the Intel AMX host, about 43 % on the
+   AVX512 host; the harvest falls as it rises: RESULTS.md). The
    SLO is fixed for the same reason, and the run prints what multiple of the p99s alone it is.
 2. Rounds of three windows, in mirrored order (alone, co-served, dedicated; then the reverse):
    - alone: the traffic with no rollout work; TTFT/TPOT measured by the client
