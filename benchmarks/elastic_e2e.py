@@ -27,7 +27,8 @@ hour, 1.13 and 1.11 in a slow one. Core 1 stands for capacity outside the job:
 The serving rate is fixed for every rose run of an invocation (not a fraction of a per-run measurement),
 so they compare: by default 15 % of the serving worker's capacity, measured once, at the first rose run's
 start, before the RL job attaches (closed-loop clients, `traffic.capacity`, against the idle serving
-worker, 8 s). A constant measured on one host (220 req/s, 2026-12-01) put 33 req/s on a later host where
+worker, 8 s; the clients run in this process, so on core 0 unless --driver-anywhere, and the serving
+worker has core 1 to itself while it is measured). A constant measured on one host (220 req/s, 2026-12-01) put 33 req/s on a later host where
 the same measurement gave 108 req/s (coserve_slo, 2026-12-02) and serving steps took 0.29-0.65 of the
 serving worker's time in rose's runs. Pass --rate and --capacity to hold both across invocations (an
 A/B of two commits).
