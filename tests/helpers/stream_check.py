@@ -1,7 +1,8 @@
 """Run in its own process by tests/integration/test_engine_outputs.py: the same seeded request through a
 real vLLM engine behind the engine loop, streaming and not (`VllmEngine(stream=...)`). Prints one JSON
 line per mode: the tokens and log-probs the caller got, how many outputs the engine's iterations gave
-for it, and its queue and total seconds; and the same request streamed without log-probs."""
+for it, and its queue and total seconds; and the same request streamed without log-probs; and the RMS
+norm implementations the engine dispatches to."""
 import json
 import os
 import sys
@@ -29,7 +30,12 @@ def main(model_dir: str) -> None:
         return outs
 
     loop.engine.step = counted
-    seen = {}
+    from vllm import ir
+    from vllm.platforms import current_platform
+
+    # The RMS norms the built engine dispatches to, first choice first (cpu_norms.py)
+    seen = {"norms": {op: getattr(ir.ops, op).get_priority() for op in ("rms_norm", "fused_add_rms_norm")},
+            "cpu": current_platform.is_cpu()}
     try:
         # A 4-token prompt fills no KV block, so the second request computes what the first did.
         spec = SamplingSpec(max_tokens=24, temperature=1.0, seed=7)

