@@ -45,7 +45,10 @@ placed on it (means over the timed window while it was connected; building its e
 and the share of the timed window core 1's worker spent in rollout engine steps and in serving engine
 steps (its engines' own step timers). Serving at 15 % of its closed-loop capacity took 26-29 % of core 1
 in serving steps alone (AMX host, 2026-12-06): a serving step's cost is mostly fixed, and one runs every
-period.
+period. The JSON also gives core 1's CPU: the serving worker's process took 0.90-0.92 of it in rose's
+timed windows (rollout steps 0.47-0.48, serving steps 0.28-0.30, the rest its executor's own work, the
+agent loops, the front end and Dask) and the traffic client 0.09: core 1 was saturated (rose-only runs
+at 40 req/s, 2026-12-06).
 
 Each setup runs synchronously (step k's rollouts, then its training) and/or asynchronously
 (`staleness=1`: step k+1's rollouts during step k's training). Asynchronously, the dedicated worker
@@ -136,18 +139,21 @@ def core1_use(samples: list[tuple], core1: set[str], start: float, end: float) -
 def engine_seconds(dask_worker) -> dict | None:
     """Seconds this worker's engines have spent in their steps so far (wall time, read off the clock):
     `rollout` (a dedicated worker's engine loop, a serving worker's rollout engine) and `serving` (a
-    serving worker's serving engine); None on a worker with no rollout engine (the trainer)."""
+    serving worker's serving engine); and `cpu`, the worker process's CPU seconds (every thread: the
+    steps, the executor's own work, the agent loops, the HTTP front end, Dask). None on a worker with no
+    rollout engine (the trainer)."""
     from rose.runtime.worker.plugin import rose_worker_of
 
     w = rose_worker_of(dask_worker)
     host = w.host if w is not None else None
     executor = getattr(host, "executor", None)
+    cpu = time.process_time()  # the worker process's CPU seconds, all its threads
     if executor is not None:  # a serving worker: its co-serving executor steps both engines
         c = executor.counters()
-        return {"rollout": c["rollout_wall_ms"] / 1e3, "serving": c["serving_wall_ms"] / 1e3}
+        return {"rollout": c["rollout_wall_ms"] / 1e3, "serving": c["serving_wall_ms"] / 1e3, "cpu": cpu}
     engine = getattr(host, "engine", None)
     if engine is not None and hasattr(engine, "counters"):
-        return {"rollout": engine.counters()["busy_s"], "serving": 0.0}
+        return {"rollout": engine.counters()["busy_s"], "serving": 0.0, "cpu": cpu}
     return None
 
 
@@ -155,14 +161,15 @@ def core1_steps(first: dict, last: dict, core1: set[str], seconds: float) -> dic
     """The share of the timed window (`seconds` long) core 1's worker spent in rollout engine steps and in
     serving engine steps, from `engine_seconds` read on every worker at the window's start (`first`) and
     end (`last`): what the rest of core 1 is left for (the co-serving executor's own work, the front end,
-    the traffic client, Dask, and idle time). A worker that joined during the window (elastic's on-demand
-    one) counts from zero."""
-    out = {"core1_rollout_share": 0.0, "core1_serving_share": 0.0}
+    the traffic client, Dask, and idle time); and the share of it the worker's process took in all
+    (`core1_cpu_share`). A worker that joined during the window (elastic's on-demand one) counts from zero."""
+    out = {"core1_rollout_share": 0.0, "core1_serving_share": 0.0, "core1_cpu_share": 0.0}
     for addr in core1 & set(last):
-        a, b = first.get(addr) or {"rollout": 0.0, "serving": 0.0}, last[addr]
+        a, b = first.get(addr) or {}, last[addr]
         if b is not None:
-            out["core1_rollout_share"] += (b["rollout"] - a["rollout"]) / seconds
-            out["core1_serving_share"] += (b["serving"] - a["serving"]) / seconds
+            out["core1_rollout_share"] += (b["rollout"] - a.get("rollout", 0.0)) / seconds
+            out["core1_serving_share"] += (b["serving"] - a.get("serving", 0.0)) / seconds
+            out["core1_cpu_share"] += (b["cpu"] - a.get("cpu", 0.0)) / seconds
     return out
 
 
@@ -192,11 +199,14 @@ def run_policy(name: str, pipeline, cluster_cfg, steps: int, args, staleness: in
         t0 = time.monotonic()
         engine_s: list[dict] = []  # `engine_seconds` of every worker at the timed window's start and end
         driver_cpu: list[float] = []  # this process's CPU seconds then (the scheduler, the nannies, the driver)
+        client_cpu: list[float] = []  # the traffic client's CPU seconds then (rose)
 
         def read_engines(row):
             if row["step"] in (0, steps - 1):
                 engine_s.append(client.run(engine_seconds))
                 driver_cpu.append(time.process_time())
+                if load is not None:
+                    client_cpu.append(load.cpu_s())
 
         report = rose.run(replace(pipeline, cluster=cluster_cfg, staleness=staleness), cluster=client, steps=steps,
                           progress=False,
@@ -222,6 +232,8 @@ def run_policy(name: str, pipeline, cluster_cfg, steps: int, args, staleness: in
     out.update(core1_use(samples, core1, stamps[0], stamps[-1]))
     out.update(core1_steps(engine_s[0], engine_s[-1], core1, stamps[-1] - stamps[0]))
     out["driver_cpu_share"] = (driver_cpu[-1] - driver_cpu[0]) / (stamps[-1] - stamps[0])
+    if client_cpu:
+        out["client_cpu_share"] = (client_cpu[-1] - client_cpu[0]) / (stamps[-1] - stamps[0])
     if cluster_cfg.policy == "elastic":
         first: dict[str, float] = {}
         for t, addr, _, _, used in samples:
@@ -395,6 +407,11 @@ def main():
         "core1_rollout_share_rose": rounded(rk and mean(rk, "core1_rollout_share"), 3),
         "core1_serving_share_rose": rounded(rk and mean(rk, "core1_serving_share"), 3),
         "core1_rollout_share_ideal": rounded(ik and mean(ik, "core1_rollout_share"), 3),
+        # core 1's CPU over the timed window: its worker's process (every thread) and, in rose's runs, the
+        # serving traffic's client process, which runs there too
+        "core1_cpu_share_rose": rounded(rk and mean(rk, "core1_cpu_share"), 3),
+        "client_cpu_share_rose": rounded(rk and mean(rk, "client_cpu_share"), 3),
+        "core1_cpu_share_ideal": rounded(ik and mean(ik, "core1_cpu_share"), 3),
         "slo_attainment": rounded(rk and min(r["slo_attainment"] for r in results[rk]), 4),
         "lost": sum(r["lost"] for r in everything), "duplicated": sum(r["duplicated"] for r in everything),
         "steps": steps, "elastic_steps": args.elastic_steps if ek else None, "serving_rate": args.rate,

@@ -53,6 +53,13 @@ class TrafficProcess:
             raise RuntimeError(f"the traffic process sent {got!r} where {kind!r} was due")
         return value
 
+    def cpu_s(self) -> float:
+        """The client process's CPU seconds so far (user + system)."""
+        import psutil
+
+        t = psutil.Process(self.proc.pid).cpu_times()
+        return t.user + t.system
+
     def stop(self, timeout: float = 120):
         """Send no more requests; the `LoadReport` of those sent, once they finish."""
         self._stop.set()
