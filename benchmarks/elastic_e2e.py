@@ -45,10 +45,10 @@ placed on it (means over the timed window while it was connected; building its e
 and the share of the timed window core 1's worker spent in rollout engine steps and in serving engine
 steps (its engines' own step timers). Serving at 15 % of its closed-loop capacity took 26-29 % of core 1
 in serving steps alone (AMX host, 2026-12-06): a serving step's cost is mostly fixed, and one runs every
-period. The JSON also gives core 1's CPU: the serving worker's process took 0.90-0.92 of it in rose's
-timed windows (rollout steps 0.47-0.48, serving steps 0.28-0.30, the rest its executor's own work, the
-agent loops, the front end and Dask) and the traffic client 0.09: core 1 was saturated (rose-only runs
-at 40 req/s, 2026-12-06).
+period. The JSON also gives core 1's CPU: the serving worker's process took 0.90-0.91 of it in rose's
+timed windows (rollout steps 0.47-0.49, serving steps 0.26-0.29, the rest its executor's own work, the
+agent loops, the front end and Dask) and the traffic client 0.09-0.10: core 1 was saturated (the runs
+at 4790ca8, 2026-12-06).
 
 Each setup runs synchronously (step k's rollouts, then its training) and/or asynchronously
 (`staleness=1`: step k+1's rollouts during step k's training). Asynchronously, the dedicated worker
