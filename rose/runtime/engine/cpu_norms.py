@@ -22,18 +22,24 @@ logger = logging.getLogger("rose.engine")
 
 PROVIDER = "rose_cpu"
 _registered: bool | None = None  # None: not tried yet in this process
+# dtypes the compiled kernels take here (set by `register`). bfloat16 only from vLLM's AVX512-BF16 build:
+# the AVX2 build truncates the fused residual sum toward zero (every rounding of x + residual went toward
+# zero on an AVX2-only AMD EPYC, 2026-12-06, against round-to-nearest in native), a bias that would build
+# up over the layers. float32 is exact in both.
+_dtypes: frozenset = frozenset()
 
 
 def _contiguous(x, weight, variance_size) -> bool:
-    """The arguments the compiled kernels take: a weight of the input's dtype, no variance override, a
-    contiguous input."""
-    return variance_size is None and weight is not None and weight.dtype == x.dtype and x.is_contiguous()
+    """The arguments the compiled kernels take: a weight of the input's dtype, one of `_dtypes`, no
+    variance override, a contiguous input."""
+    return (variance_size is None and weight is not None and weight.dtype == x.dtype and x.dtype in _dtypes
+            and x.is_contiguous())
 
 
 def register() -> bool:
     """Register the compiled norms as IR op providers (once per process); whether they are there. (The
     providers' annotations are read: vLLM makes each a torch custom op.)"""
-    global _registered
+    global _registered, _dtypes
     if _registered is not None:
         return _registered
     _registered = False
@@ -44,11 +50,15 @@ def register() -> bool:
 
         if not current_platform.is_cpu():
             return False
-        import vllm._C  # noqa: F401  (loads torch.ops._C)
+        # vLLM's own loader: it picks the build this CPU runs (vllm._C needs AVX512 with BF16, and importing
+        # it on an AVX2-only host kills the process with SIGILL, past any except).
+        current_platform.import_kernels()  # loads torch.ops._C
 
         if not (hasattr(torch.ops._C, "rms_norm") and hasattr(torch.ops._C, "fused_add_rms_norm")):
             return False
         current_platform.import_ir_kernels()  # vLLM's own providers first: ours joins, never replaces
+        bf16 = bool(getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)())  # as vLLM's loader asks
+        _dtypes = frozenset({torch.float32, torch.bfloat16} if bf16 else {torch.float32})
     except (ImportError, AttributeError, RuntimeError) as e:
         logger.debug("compiled CPU RMS norms not registered: %s", e)
         return False
