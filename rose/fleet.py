@@ -122,7 +122,7 @@ class Fleet:
         current = set(rollout_addresses(self.roles))
         # Gone means gone from the scheduler: a worker whose last heartbeat lacked its report is still here.
         for a in [a for a in self.synced if a not in present]:
-            self.lost[a] = self._departure(a)
+            self.lost[a] = self.departure(a)
             logger.warning("rollout worker %s left the run (%s)", a, self.lost[a])
             del self.synced[a]
         for a in [a for a in self.unusable if a not in present]:
@@ -172,15 +172,15 @@ class Fleet:
         workers = scheduler_workers(self.client)
         self.roles = roles_of(self.client, workers)
         if self.trainer not in workers:
-            raise TrainerLost(f"the trainer worker {self.trainer} left the run ({self._departure(self.trainer)})",
+            raise TrainerLost(f"the trainer worker {self.trainer} left the run ({self.departure(self.trainer)})",
                               worker=self.trainer)
         for peer in getattr(self.spec, "trainer_peers", ()):
             if peer not in workers:
                 raise TrainerLost(f"trainer worker {peer}, a rank of the trainer sharded from {self.trainer}, left "
-                                  f"the run ({self._departure(peer)})", worker=peer)
+                                  f"the run ({self.departure(peer)})", worker=peer)
         return set(workers)
 
-    def _departure(self, addr: str) -> str:
+    def departure(self, addr: str) -> str:
         """Why the scheduler removed `addr`, from the placement plugin's event log (its stimulus id names
         the cause: a closed connection, missed heartbeats, a retirement)."""
         def removed(dask_scheduler, addr=addr):

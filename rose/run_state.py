@@ -42,7 +42,8 @@ class RunState:
         self.t_last = time.perf_counter()
         self.prepare_s = prepare_s  # s spent preparing workers (engine builds), this run's earlier tries included
         # Asynchronous steps: submit a step's sync as soon as the next step has started (`_start`), to stage
-        # its version while that step's rollouts run and commit once they end, and the next step's train
+        # its version while that step's rollouts run and commit it on each engine once that engine runs
+        # none of them and none can come back to it, and the next step's train
         # task, to start once its rewards are in and this step's train task has ended. Needs the plugin.
         self.early_sync = early_sync
 
@@ -62,9 +63,22 @@ class RunState:
         tag = uuid.uuid4().hex[:8]  # keys of an earlier preparation (a replaced trainer) are not reused
         futures = [self.client.submit(prepare_worker, spec, workers=[a], pure=False, key=f"rose-prepare-{a}-{tag}")
                    for a in [trainer] + rollout_workers]
-        await_futures(self.client, futures, self.fleet.check_trainer)
+        by_addr = dict(zip([trainer] + rollout_workers, futures))
+
+        def check() -> None:
+            # A rollout worker that leaves while it builds its engine (its process died: a crash in the
+            # engine, the OOM killer) would hold its preparation, pinned to its address, forever: the run
+            # goes on without it, and it joins as any new worker does once it connects again.
+            present = self.fleet.check_trainer()
+            for a in [a for a in rollout_workers if a not in present and a in by_addr and not by_addr[a].done()]:
+                self.fleet.lost[a] = self.fleet.departure(a)
+                logger.warning("rollout worker %s left while preparing (%s): the run goes on without it",
+                               a, self.fleet.lost[a])
+                futures.remove(by_addr.pop(a))  # in place: await_futures waits on this list
+
+        await_futures(self.client, futures, check)
         prepared = self.client.gather(futures)
-        self.fleet.synced = {a: spec.version for a in rollout_workers}
+        self.fleet.synced = {a: spec.version for a in rollout_workers if a in by_addr}
         self.prepare_s += time.perf_counter() - t0
         logger.info("workers prepared in %.1f s: %s", time.perf_counter() - t0, prepared)
 

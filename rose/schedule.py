@@ -21,7 +21,8 @@ tested as plain lists (tests/unit/test_schedule.py).
   would run them at once, on the weights before.
 - With the plugin, the runner also submits step k's sync and step k+1's train task as soon as step
   k+1 has started, not at their actions (`RunState.early_sync`): the sync stages the trained version
-  on every receiver while step k+1's rollouts run and commits once the scheduler reports them ended
+  on every receiver while step k+1's rollouts run and commits on each receiver once the scheduler
+  reports it clear of them: none runs there, and every one not ended runs on another worker
   (`Step.submit_sync_after`), and the train task starts once its rewards are in, after step k's by a
   Dask dependency (`Step.submit_train_after`; not when a checkpoint is due between the two). Neither
   waits for the driver's round trip, nor the next rollouts for the transfer. The `sync` and `train`

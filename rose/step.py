@@ -33,7 +33,8 @@ PARTS = {"gen": ("rollout", "reward"), "train": ("train",), "sync": ("sync",)}
 
 
 def await_futures(client, futures: list, check, poll_s: float = 0.5) -> None:
-    """Wait for `futures` (of `client`), calling `check()` (which may raise) between looks."""
+    """Wait for `futures` (of `client`), calling `check()` (which may raise, or take futures out of the
+    list, which is read again at each look) between looks."""
     # distributed.wait uses the default client; with several clients in one process (a notebook's own,
     # and the one rose.run made) that may be another client, on another event loop.
     with client.as_current():
@@ -128,9 +129,10 @@ class Step:
         return self._sampling is None
 
     def submit_sync_after(self, nxt: "Step") -> None:
-        """Submit this step's sync now, to commit once `nxt`'s rollouts (all submitted) have ended: it
-        stages the trained version on the receivers while they run, and the scheduler tells it when they
-        are done (`rose.ops.train.sync_weights`), so neither the driver's round trip nor the transfer sits
+        """Submit this step's sync now, to commit on each receiver once it runs none of `nxt`'s rollouts
+        (all submitted) and none can come back to it: it stages the trained version on the receivers
+        while they run, and the scheduler tells it when each receiver is clear of them
+        (`rose.ops.train.sync_weights`, `rose.runtime.scheduler.barrier`), so neither the driver's round trip nor the transfer sits
         between two rollout phases. Needs the placement plugin (its `rose_keys_done` handler)."""
         if not nxt.samples_once:
             raise RunError(f"step {nxt.step} may roll out more rounds: step {self.step}'s sync cannot know "

@@ -82,13 +82,14 @@ def train_metrics(result: dict) -> dict:
 
 async def sync_weights(result: dict, receivers: tuple[str, ...], after: tuple[str, ...] = ()) -> dict:
     """Task (on the trainer): bring every rollout worker in `receivers` to the trained version. `after`:
-    keys of tasks that must end before any receiver commits it (the next step's rollouts, where this
-    sync was submitted while they run: `Step.submit_sync_after`); the version is staged meanwhile. The
-    placement plugin's scheduler answers the wait (`rose_keys_done`)."""
+    keys of rollout tasks a receiver must not be running, nor able to run again, when it commits the
+    version (the next step's rollouts, where this sync was submitted while they run:
+    `Step.submit_sync_after`); the version is staged meanwhile. The placement plugin's scheduler answers
+    the wait, for each receiver (`rose_keys_done`)."""
     from rose.runtime.worker.plugin import rose_worker
 
     w = rose_worker()
-    ready = (lambda: w.worker.scheduler.rose_keys_done(keys=list(after))) if after else None
+    ready = (lambda addr: w.worker.scheduler.rose_keys_done(keys=list(after), worker=addr)) if after else None
     try:
         if w.weights.version != result["version"]:
             raise RuntimeError(f"trainer publishes version {w.weights.version}, the train step made "

@@ -75,3 +75,13 @@ def _spoil_next(engine, method: str, from_version: int) -> None:
         return real(named, version)
 
     setattr(engine, method, spoilt)
+
+
+def die_on_prepare(dask_worker):
+    """This worker's process dies, with no goodbye, when a run next asks it to build its engine (as a crash
+    inside the engine's build would: an illegal instruction, the OOM killer)."""
+    import os
+
+    plugin = dask_worker.plugins[PLUGIN_NAME]
+    plugin.prepare = lambda spec: os._exit(1)
+    return True

@@ -127,8 +127,9 @@ def test_asynchronous_steps_train_on_rollouts_one_version_behind(two_workers):
 
 def test_an_asynchronous_steps_sync_stages_early_and_commits_only_after_the_next_steps_rollouts(two_workers):
     """With the plugin, step k's sync is submitted as step k+1 starts: it stages while k+1's rollouts run
-    (here each turn waits 0.3 s, so they outlast step k's training) and commits once the scheduler
-    reports them ended. A commit before then would swap weights under running trajectories."""
+    (here each turn waits 0.3 s, so they outlast step k's training) and commits on each engine once the
+    scheduler reports it clear of them (none runs there, none can come back). A commit before then would
+    swap weights under running trajectories."""
     client = two_workers
     before = plugin_state(client)["barrier"]
     pipeline = small_pipeline(SLOW, model_env="guess", groups=4, group_size=4, steps=4)
@@ -139,9 +140,9 @@ def test_an_asynchronous_steps_sync_stages_early_and_commits_only_after_the_next
         versions = {v for v, mask in zip(row["weight_versions"], row["loss_mask"]) if mask}
         assert versions == {max(0, row["step"] - 1)}, row["trajectory_id"]
     after = plugin_state(client)["barrier"]
-    # steps 0, 1 and 2 synced early, and at least one of those syncs had to wait for the next rollouts
-    assert after["calls"] - before["calls"] == 3 and after["waited"] - before["waited"] >= 1
-    assert after["keys"] == 0 and plugin_state(client)["errors"] == 0
+    # steps 0, 1 and 2 synced early, each receiver asking, and at least one had to wait for the next rollouts
+    assert after["calls"] - before["calls"] == 3 * len(dedicated(client)) and after["waited"] - before["waited"] >= 1
+    assert after["keys"] == 0 and after["clear_waits"] == 0 and plugin_state(client)["errors"] == 0
 
 
 def test_killed_worker_rollouts_are_replaced_once(two_workers):

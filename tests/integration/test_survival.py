@@ -9,7 +9,7 @@ import pytest
 
 import rose
 from rose.config import ClusterConfig
-from tests.helpers.faults import fail_next_load
+from tests.helpers.faults import die_on_prepare, fail_next_load
 from tests.integration.helpers import FP32, small_pipeline
 
 pytestmark = pytest.mark.integration
@@ -48,6 +48,25 @@ def test_a_run_survives_its_only_rollout_worker_killed_mid_run():
     assert set(later["worker"].to_pylist()) == {replacement}  # the nanny's new worker ran the later rollouts
     # every version the trainer made reached the engines: the last steps ran on the versions before them
     assert report.metrics["rollout_version"].tolist()[-1] == 3
+
+
+def test_a_run_goes_on_when_a_rollout_worker_dies_while_it_builds_its_engine():
+    """Its preparation, pinned to the dead worker, would wait forever: the run goes on with the others,
+    and the nanny's new worker joins it."""
+    from distributed import Client
+
+    from rose.fleet import roles_of
+    from rose.runtime.cluster import LocalRoseCluster
+
+    p = small_pipeline("guess", groups=2, group_size=4, steps=3)
+    with LocalRoseCluster(ClusterConfig(num_dedicated=2), FP32) as cluster, Client(cluster) as client:
+        victim, other = roles_of(client)["dedicated"]
+        client.run(die_on_prepare, workers=[victim])
+        report = rose.run(p, cluster=client, progress=False)
+    assert report.metrics["step"].tolist() == [0, 1, 2]
+    assert report.lost == 0 and report.duplicated == 0 and report.summary["failed"] == 0
+    assert report.workers_lost == 1
+    assert victim not in set(report.trajectories["worker"].to_pylist())
 
 
 def test_a_run_survives_a_weight_load_that_fails_inside_its_only_rollout_engine():

@@ -290,6 +290,45 @@ def test_a_catch_up_that_commits_the_version_first_leaves_the_held_sync_to_finis
     client.run(lambda dask_worker: dask_worker.plugins["rose"].weights.mark_synced(v), workers=[trainer])
 
 
+def test_a_receiver_that_runs_none_of_the_rollouts_a_sync_waits_for_commits_without_them(two_site_cluster):
+    """A rollout task (managed by the placement plugin) held on one receiver: the other receiver runs none
+    of the step before's rollouts, and none can come back to it, so it swaps at once and may take the
+    next step's; the one running it swaps once it ends."""
+    import time
+
+    import dask
+    from distributed import Event
+
+    from rose.ops.train import sync_weights
+    from rose.runtime.protocol import Annotation
+
+    client = two_site_cluster
+    _prepare(client)
+    trainer, receivers = _roles(client)
+    v = client.run(_publish_next, workers=[trainer])[trainer]
+    with dask.annotate(**{Annotation.ROLE: "rollout", Annotation.VERSION: v - 1}):
+        hold = client.submit(_hold, "rose-test-hold-3", pure=False)
+    deadline = time.monotonic() + 60
+    while not (holder := [w for w, keys in client.processing().items() if hold.key in keys]):
+        assert time.monotonic() < deadline, "the held rollout task was never placed"
+        time.sleep(0.05)
+    (holder,) = holder
+    (other,) = [r for r in receivers if r != holder]
+    fut = client.submit(sync_weights, {"version": v}, tuple(receivers), after=(hold.key,), workers=[trainer],
+                        pure=False)
+    while client.run(_staged, workers=[holder, other]) != {holder: (v - 1, v), other: (v, None)}:
+        assert time.monotonic() < deadline, client.run(_staged, workers=receivers)
+        time.sleep(0.1)
+    time.sleep(0.5)
+    assert not fut.done() and client.run(_version, workers=[holder]) == {holder: v - 1}  # still held back
+    Event("rose-test-hold-3", client=client).set()
+    res = fut.result(timeout=60)
+    assert hold.result() is True
+    assert client.run(_version, workers=receivers) == {r: v for r in receivers}
+    assert res["waited_s_each"][holder] > res["waited_s_each"][other] + 0.5
+    client.run(lambda dask_worker: dask_worker.plugins["rose"].weights.mark_synced(v), workers=[trainer])
+
+
 def test_a_receiver_killed_during_a_sync_is_dropped_and_the_others_get_the_version(two_site_cluster):
     """Last in this module: it kills one of the cluster's workers (its nanny starts a new one)."""
     import os

@@ -26,7 +26,7 @@ from tornado.ioloop import PeriodicCallback
 
 from rose.runtime.placement import RolloutTask
 from rose.runtime.protocol import PLUGIN_NAME, TOPIC, YIELDED_OP, Annotation, WorkerReport, is_rollout_task
-from rose.runtime.scheduler.barrier import KeyBarrier
+from rose.runtime.scheduler.barrier import DONE, KeyBarrier
 from rose.runtime.scheduler.book import Dispatch, Instruction, PlacementBook, Shed
 
 logger = logging.getLogger("rose.scheduler")
@@ -121,7 +121,14 @@ class RoseScheduler(SchedulerPlugin):
         if key in self.barrier:
             self.barrier.transition(key, finish)
         if key not in self.train_keys and key not in self.book.tasks:
+            if self.barrier.clear_waits and finish in DONE:  # a task a receiver waits on, outside the book
+                self._recheck()
             return  # the hot path: most transitions are of tasks this plugin does not manage
+        self._transition(key, start, finish, stimulus_id)
+        if self.barrier.clear_waits:
+            self._recheck()
+
+    def _transition(self, key, start, finish, stimulus_id) -> None:
         sid = stimulus_id or f"rose-transition-{time.time()}"
         if key in self.train_keys:
             if finish == "processing":
@@ -179,6 +186,12 @@ class RoseScheduler(SchedulerPlugin):
     def _h_yielded(self, key=None, worker=None, **kwargs) -> None:
         """A worker's shed rollout task holds no slots any more (it waits for its group to finish elsewhere)."""
         self._apply(self.book.on_yielded(key, worker, f"rose-yielded-{time.time()}"))
+        if self.barrier.clear_waits:
+            self._recheck()
+
+    def _recheck(self) -> None:
+        """Wake the receivers waiting to commit a version (`rose_keys_done` with a worker) that are clear."""
+        self.barrier.recheck(self.scheduler.tasks, self.book.inflight)
 
     def running(self) -> "_Running":
         """The workers Dask counts as running (not paused, not closing), as the book asks: by address."""
@@ -265,14 +278,19 @@ class RoseScheduler(SchedulerPlugin):
         running, parked = (self.running(), len(self.parked())) if started else (set(), 0)
         st = self.book.state(time.monotonic(), running, parked)
         return dict(st, errors=self.errors, last_error=self.last_error,
-                    barrier={"calls": self.barrier.calls, "waited": self.barrier.waited, "keys": len(self.barrier)})
+                    barrier={"calls": self.barrier.calls, "waited": self.barrier.waited, "keys": len(self.barrier),
+                             "clear_waits": self.barrier.clear_waits})
 
     def _h_state(self) -> dict:
         return self.state()
 
-    async def _h_keys_done(self, keys=()) -> dict:
-        """Reply once every task of `keys` has ended (in memory, erred or forgotten): barrier.py."""
-        return {"waited_for": await self.barrier.wait(self.scheduler.tasks, list(keys))}
+    async def _h_keys_done(self, keys=(), worker: str | None = None) -> dict:
+        """Reply once every task of `keys` has ended (in memory, erred or forgotten), or, given a `worker`,
+        once that worker is clear of the rollout groups they start (`barrier.clear_of`): barrier.py."""
+        if worker is None:
+            return {"waited_for": await self.barrier.wait(self.scheduler.tasks, list(keys))}
+        return {"waited_for": await self.barrier.wait_clear(self.scheduler.tasks, list(keys), worker,
+                                                            self.book.inflight)}
 
     def _h_elastic_demand(self) -> dict:
         return self.book.elastic_demand(self.parked(), time.monotonic(), self.running())

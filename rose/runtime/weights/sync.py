@@ -6,11 +6,11 @@ its hops from their sources, relays passing shards on as they arrive (every shar
 arrival, a bad one is fetched again from another holder); then commit everywhere. A receiver swaps
 its engine only when it holds every shard of the version, and no commit starts unless every receiver
 staged the whole version: a sync that fails while shards move leaves every engine on its previous
-version. A caller may hold the commit back until it is due (`ready`: an asynchronous step stages the
-version while the next step's rollouts run and commits once they end). The commit phase is not one
-transaction across receivers: each swap is atomic on its own worker (between two engine iterations),
-but a receiver that fails to commit (its process dies, its engine refuses the weights) does not undo
-the others'. The sync then raises, naming it; the caller syncs again (`rose.ops.train.sync_weights`),
+version. A caller may hold each receiver's commit back until it is due (`ready`: an asynchronous step
+stages the version while the next step's rollouts run and commits on each receiver once it runs none
+of them: `rose.runtime.scheduler.barrier`). The commit phase is not one transaction across receivers:
+each swap is atomic on its own worker (between two engine iterations), but a receiver that fails to
+commit (its process dies, its engine refuses the weights) does not undo the others'. The sync then raises, naming it; the caller syncs again (`rose.ops.train.sync_weights`),
 and receivers already at the version are left alone.
 """
 from __future__ import annotations
@@ -33,12 +33,13 @@ async def receiver_states(worker, addresses) -> list[dict]:
 
 async def sync_to(worker, source: WeightEndpoint, receivers: list[str], mode: str = "rose",
                   commit: bool = True, before: list[dict] | None = None,
-                  ready: Callable[[], Awaitable] | None = None) -> dict:
+                  ready: Callable[[str], Awaitable] | None = None) -> dict:
     """Bring `receivers` to the source's current version. `mode="full"` sends every shard dense from
     the source to every receiver (the broadcast baseline, for benchmarks); `commit=False` stages
     and then drops the version (to measure a transfer without applying it). `before`: the receivers'
     `receiver_states`, if the caller has just read them (the counters returned are from there). `ready`:
-    awaited once every receiver has staged the version, before the commit (`waited_s`: how long)."""
+    awaited for each receiver (its address) once every receiver has staged the version, before that
+    receiver's commit (`waited_s`: the longest wait, `waited_s_each`: each receiver's)."""
     # One snapshot of what the source publishes, before any wait: a catch-up sync (a worker that joined)
     # is not held back by a publish as a step's sync is, so the trainer may publish the next version
     # while this one awaits its receivers. Reading `prev` after that wait planned v5 against v5 as its
@@ -72,23 +73,38 @@ async def sync_to(worker, source: WeightEndpoint, receivers: list[str], mode: st
         pulls = await asyncio.gather(*(
             worker.rpc(dst).rose_weights_pull(hops=to_serialize(hops), manifest=wire_manifest)
             for dst, hops in by_dst.items()))
-        t_pulled = time.perf_counter()
-        if ready is not None:
-            await ready()
     except BaseException:
         await asyncio.gather(*(worker.rpc(r.address).rose_weights_abort() for r in rs), return_exceptions=True)
         raise
-    t_ready = time.perf_counter()
+    t_pulled = time.perf_counter()
+    waited = {r.address: 0.0 for r in rs}
+
+    async def commit_one(addr: str):
+        # Each receiver commits once it is due, not once all are: one still running the step before's
+        # rollouts does not hold back another's next ones. A wait that fails (the scheduler went away)
+        # leaves this receiver on its previous version, staged version dropped; the caller syncs again.
+        if ready is not None:
+            try:
+                await ready(addr)
+            except BaseException:
+                await asyncio.gather(worker.rpc(addr).rose_weights_abort(), return_exceptions=True)
+                raise
+            waited[addr] = time.perf_counter() - t_pulled
+        return await worker.rpc(addr).rose_weights_commit(version=manifest.version)
+
     if commit:
-        statuses = await asyncio.gather(*(worker.rpc(r.address).rose_weights_commit(version=manifest.version)
-                                          for r in rs), return_exceptions=True)
+        statuses = await asyncio.gather(*(commit_one(r.address) for r in rs), return_exceptions=True)
         failed = {r.address: s for r, s in zip(rs, statuses) if isinstance(s, BaseException)}
         if failed:
             raise EngineError(f"commit of weight version {manifest.version} failed on {len(failed)} of {len(rs)} "
                               "receivers (the others hold it now): " + "; ".join(
                                   f"{a}: {type(e).__name__}: {e}" for a, e in failed.items()), worker=worker.address)
     else:
-        await asyncio.gather(*(worker.rpc(r.address).rose_weights_abort() for r in rs))
+        try:
+            if ready is not None:
+                await asyncio.gather(*(ready(r.address) for r in rs))
+        finally:
+            await asyncio.gather(*(worker.rpc(r.address).rose_weights_abort() for r in rs))
         statuses = [{"worker": r.address, "weight_version": r.version} for r in rs]
     after = await receiver_states(worker, receivers)
     received = sum(a["received_bytes"] - b["received_bytes"] for a, b in zip(after, before))
@@ -104,4 +120,5 @@ async def sync_to(worker, source: WeightEndpoint, receivers: list[str], mode: st
             "timing": [{k: round(v - b["timing"].get(k, 0), 3) for k, v in a["timing"].items()}
                        for a, b in zip(after, before)],
             "transfer_s": t_pulled - t0, "plan_s": t_plan - t0, "pull_s": [p["seconds"] for p in pulls],
-            "waited_s": t_ready - t_pulled, "seconds": time.perf_counter() - t0}
+            "waited_s": max(waited.values(), default=0.0), "waited_s_each": waited,
+            "seconds": time.perf_counter() - t0}
