@@ -188,10 +188,20 @@ def _version(dask_worker):
     return dask_worker.plugins["rose"].weights.version
 
 
-def _roles(client):
-    info = client.scheduler_info(n_workers=-1)["workers"]
-    trainer = next(a for a, w in info.items() if w["metrics"]["rose"]["role"] == "trainer")
-    return trainer, sorted(a for a in info if a != trainer)
+def _roles(client, timeout_s: float = 30.0):
+    """The trainer and the two receivers, once the scheduler's view shows them all with their roles (a
+    worker's role rides its heartbeats' metrics; one read found no trainer once, in CI, 2026-12-06)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        info = client.scheduler_info(n_workers=-1)["workers"]
+        roles = {a: (w.get("metrics") or {}).get("rose", {}).get("role") for a, w in info.items()}
+        trainers = [a for a, r in roles.items() if r == "trainer"]
+        if len(trainers) == 1 and len(roles) == 3:
+            return trainers[0], sorted(a for a in roles if a != trainers[0])
+        assert time.monotonic() < deadline, f"no trainer and two receivers after {timeout_s} s: {roles}"
+        time.sleep(0.2)
 
 
 def test_a_commit_refused_by_one_receiver_is_named_and_the_next_sync_completes_it(two_site_cluster):

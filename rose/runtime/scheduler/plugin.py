@@ -28,6 +28,7 @@ from rose.runtime.placement import RolloutTask
 from rose.runtime.protocol import PLUGIN_NAME, TOPIC, YIELDED_OP, Annotation, WorkerReport, is_rollout_task
 from rose.runtime.scheduler.barrier import DONE, KeyBarrier
 from rose.runtime.scheduler.book import Dispatch, Instruction, PlacementBook, Shed
+from rose.runtime.scheduler.running import RunningWorkers
 
 logger = logging.getLogger("rose.scheduler")
 
@@ -193,9 +194,9 @@ class RoseScheduler(SchedulerPlugin):
         """Wake the receivers waiting to commit a version (`rose_keys_done` with a worker) that are clear."""
         self.barrier.recheck(self.scheduler.tasks, self.book.inflight)
 
-    def running(self) -> "_Running":
+    def running(self) -> RunningWorkers:
         """The workers Dask counts as running (not paused, not closing), as the book asks: by address."""
-        return _Running(self.scheduler)
+        return RunningWorkers(self.scheduler)
 
     # ---------------------------------------------------------------- acting on the book's records
     def _apply(self, instructions: list[Instruction]) -> None:
@@ -287,25 +288,12 @@ class RoseScheduler(SchedulerPlugin):
     async def _h_keys_done(self, keys=(), worker: str | None = None) -> dict:
         """Reply once every task of `keys` has ended (in memory, erred or forgotten), or, given a `worker`,
         once that worker is clear of the rollout groups they start (`barrier.clear_of`): barrier.py."""
-        if worker is None:
-            return {"waited_for": await self.barrier.wait(self.scheduler.tasks, list(keys))}
-        return {"waited_for": await self.barrier.wait_clear(self.scheduler.tasks, list(keys), worker,
-                                                            self.book.inflight)}
+        b, tasks, keys = self.barrier, self.scheduler.tasks, list(keys)
+        wait = b.wait(tasks, keys) if worker is None else b.wait_clear(tasks, keys, worker, self.book.inflight)
+        return {"waited_for": await wait}
 
     def _h_elastic_demand(self) -> dict:
         return self.book.elastic_demand(self.parked(), time.monotonic(), self.running())
-
-
-class _Running:
-    """Whether Dask counts a worker as running, looked up per address: a report of one worker costs
-    O(1), not a set of every worker of a large cluster."""
-
-    def __init__(self, scheduler):
-        self.scheduler = scheduler
-
-    def __contains__(self, addr) -> bool:
-        ws = self.scheduler.workers.get(addr)
-        return ws is not None and ws in self.scheduler.running
 
 
 def get_plugin(scheduler) -> RoseScheduler | None:
