@@ -12,7 +12,9 @@ from rose.config import ClusterConfig, EngineConfig
 from rose.fleet import roles_of
 from rose.runtime.cluster import LocalRoseCluster
 
-TIMEOUT_S = 4.0  # the lost-worker timeout in this test (Dask's default: 15 s)
+# The lost-worker timeout in this test (Dask's default: 15 s). The first replacement must connect inside
+# it: 1.5 s on a quiet host, 4.3 s on the AVX2 host under CI's load (2026-12-06), where 4 s failed.
+TIMEOUT_S = 10.0
 
 
 def _trainer(client, not_in=(), timeout_s=60.0):
@@ -39,8 +41,8 @@ def test_a_worker_killed_again_just_before_the_lost_worker_check_is_restarted():
         _kill(client, first)
         second = _trainer(client, not_in=(first,))
         assert second is not None
-        # Kill the replacement just before the check of the first death: a new process takes about 1.5 s to
-        # connect here, so at the check no worker of that name is connected.
+        # Kill the replacement just before the check of the first death, so that at the check no worker of
+        # that name is connected.
         wait = t0 + TIMEOUT_S - 0.4 - time.monotonic()
         assert wait > 0, f"the first replacement took {time.monotonic() - t0:.1f} s to connect"
         time.sleep(wait)
