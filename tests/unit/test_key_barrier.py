@@ -1,6 +1,6 @@
 """The scheduler's wait for tasks to end (`rose_keys_done`), without processes: what counts as ended,
 and a cancelled wait leaves nothing behind; a receiver's wait to be clear of a step's rollout groups
-(`clear_of`, `wait_clear`): when it may commit the next version while other workers still run them."""
+(`clear_of`, `KeyBarrier.wait` with a worker): when it may commit the next version while other workers still run them."""
 import asyncio
 from types import SimpleNamespace
 
@@ -19,9 +19,14 @@ def test_keys_already_ended_or_unknown_do_not_wait():
     async def go():
         b = KeyBarrier()
         n = await asyncio.wait_for(b.wait(_tasks(a="memory", b="erred"), ["a", "b", "gone"]), 1)
-        return n, b.calls, b.waited, len(b)
+        return n, b.calls, b.waited, b.waits
 
     assert asyncio.run(go()) == (0, 1, 0, 0)
+
+
+def _to(tasks, b, key, state):
+    tasks[key].state = state
+    b.recheck(tasks, {})
 
 
 def test_a_wait_ends_once_every_key_has_ended_and_not_before():
@@ -32,12 +37,12 @@ def test_a_wait_ends_once_every_key_has_ended_and_not_before():
         seen = []
         # a retry (its worker left) and a task still waiting for a worker have not ended
         for key, state in (("a", "released"), ("a", "waiting"), ("b", "processing"), ("a", "memory")):
-            b.transition(key, state)
+            _to(tasks, b, key, state)
             await asyncio.sleep(0)
             seen.append(waiter.done())
-        b.transition("b", "erred")  # a failed task has ended too
+        _to(tasks, b, "b", "erred")  # a failed task has ended too
         n = await asyncio.wait_for(waiter, 1)
-        return seen, n, len(b), b.waited
+        return seen, n, b.waits, b.waited
 
     seen, n, left, waited = asyncio.run(go())
     assert seen == [False, False, False, False]
@@ -50,28 +55,29 @@ def test_two_callers_on_one_key_both_return_and_a_forgotten_key_counts_as_ended(
         w1 = asyncio.ensure_future(b.wait(tasks, ["a"]))
         w2 = asyncio.ensure_future(b.wait(tasks, ["a"]))
         await asyncio.sleep(0)
-        b.transition("a", "forgotten")
-        return await asyncio.wait_for(asyncio.gather(w1, w2), 1), len(b)
+        del tasks["a"]  # the scheduler forgot it
+        b.recheck(tasks, {})
+        return await asyncio.wait_for(asyncio.gather(w1, w2), 1), b.waits
 
     assert asyncio.run(go()) == ([1, 1], 0)
 
 
-def test_a_cancelled_wait_leaves_no_key_registered():
+def test_a_cancelled_wait_leaves_nothing_registered():
     async def go():
         b, tasks = KeyBarrier(), _tasks(a="processing", b="processing")
         waiter = asyncio.ensure_future(b.wait(tasks, ["a", "b"]))
         await asyncio.sleep(0)
-        b.transition("a", "memory")
-        registered = len(b)
+        _to(tasks, b, "a", "memory")
+        registered = b.waits
         waiter.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiter
-        return registered, len(b), "b" in b
+        return registered, b.waits
 
-    assert asyncio.run(go()) == (1, 0, False)
+    assert asyncio.run(go()) == (1, 0)
 
 
-def test_the_plugin_feeds_its_barrier_for_tasks_it_does_not_place():
+def test_the_plugin_wakes_its_barrier_for_tasks_it_does_not_place():
     """The sync waits on the next step's rollout keys; the hook must reach the barrier before its own
     filter (a key the book no longer holds, or never held, is still waited on)."""
     async def go():
@@ -79,9 +85,10 @@ def test_the_plugin_feeds_its_barrier_for_tasks_it_does_not_place():
         plugin.scheduler = SimpleNamespace(tasks=_tasks(r="processing"), workers={}, loop=None)
         waiter = asyncio.ensure_future(plugin._h_keys_done(keys=["r"]))
         await asyncio.sleep(0)
+        plugin.scheduler.tasks["r"].state = "memory"
         plugin.transition("r", "processing", "memory", stimulus_id="t")
         b = plugin.barrier
-        return await asyncio.wait_for(waiter, 1), plugin.errors, (b.calls, b.waited, len(b))
+        return await asyncio.wait_for(waiter, 1), plugin.errors, (b.calls, b.waited, b.waits)
 
     reply, errors, barrier = asyncio.run(go())
     assert reply == {"waited_for": 1} and errors == 0
@@ -103,6 +110,8 @@ def test_a_worker_is_clear_once_every_group_left_runs_elsewhere(inflight, clear)
 def test_no_groups_left_is_clear_and_a_key_no_worker_runs_holds_everyone():
     assert clear_of("W", set(), {"W": ["a"]}) is True  # a is not waited on
     assert clear_of("W", {"plain-task"}, {"D": ["a"]}) is False  # no rollout group: wait for it to end
+    assert clear_of(None, {"a"}, {"D": ["a"]}) is False  # no worker: wait for every group to end
+    assert clear_of(None, set(), {"D": ["a"]}) is True
 
 
 def _plugin():
@@ -147,7 +156,7 @@ def test_each_receiver_is_told_once_it_runs_none_of_the_step_and_none_can_come_b
         _move(plugin, "a-resume1", "processing", "memory")
         _move(plugin, "a", "processing", "memory")
         await look("a ended")
-        return seen, await asyncio.wait_for(asyncio.gather(w, d), 1), plugin.errors, plugin.barrier.clear_waits
+        return seen, await asyncio.wait_for(asyncio.gather(w, d), 1), plugin.errors, plugin.barrier.waits
 
     seen, replies, errors, left = asyncio.run(go())
     assert seen == [("both running", False, False), ("b ended", True, False), ("a yielded", True, False),

@@ -9,9 +9,9 @@ ms after the train step began (each run's median, eight runs on the Zen 5 host, 
 in seven of eight with the commit waiting here (RESULTS, elastic_e2e). The transfer this takes off
 that path grows with the model and the link.
 
-A receiver need not wait for every one of those rollouts, only for those it runs (`wait_clear`): once
-each rollout group not yet ended runs on another worker, nothing of that step will run on this one
-again, and it may swap to the next version and take the next step's rollouts, which wait for it. On a
+A receiver need not wait for every one of those rollouts, only for those it runs (`KeyBarrier.wait`
+with a worker): once each rollout group not yet ended runs on another worker, nothing of that step
+will run on this one again, and it may swap to the next version and take the next step's rollouts, which wait for it. On a
 2-core host the serving worker sat idle for 0.17-0.23 s a step until the dedicated worker's last
 conversations ended (RESULTS, elastic_e2e).
 """
@@ -29,31 +29,26 @@ DONE = frozenset({"memory", "erred", "forgotten"})
 
 
 class _Wait:
-    __slots__ = ("left", "event")
-
-    def __init__(self, left: set[str]):
-        self.left = left  # keys not done yet
-        self.event = asyncio.Event()
-
-
-class _ClearWait:
     __slots__ = ("worker", "keys", "event")
 
-    def __init__(self, worker: str, keys: list[str]):
-        self.worker = worker  # the receiver that waits
+    def __init__(self, worker: str | None, keys: list[str]):
+        self.worker = worker  # the receiver that waits (None: a caller that waits for every key to end)
         self.keys = keys  # first tasks of the rollout groups it waits for
         self.event = asyncio.Event()
 
 
-def clear_of(worker: str, pending: Iterable[str], inflight: Mapping[str, Iterable[str]]) -> bool:
+def clear_of(worker: str | None, pending: Iterable[str], inflight: Mapping[str, Iterable[str]]) -> bool:
     """Whether no rollout group of `pending` (keys of the groups' first tasks, not ended) can run on
     `worker` any more: each has a task running now (in `inflight`: worker address -> keys of the managed
     tasks running there), and none on `worker`. A group with nothing running (parked, or between a
     shed task's yield and its continuation's arrival) may still go anywhere, so it holds every worker;
-    so does a key that is no rollout group at all."""
+    so does a key that is no rollout group at all. `worker` None (a caller that runs none of them and
+    waits for them all): clear once none is pending."""
     pending = set(pending)
     if not pending:
         return True
+    if worker is None:
+        return False
     running = set()
     for addr, keys in inflight.items():
         for key in keys:
@@ -66,20 +61,14 @@ def clear_of(worker: str, pending: Iterable[str], inflight: Mapping[str, Iterabl
 
 
 class KeyBarrier:
-    """Callers waiting for sets of task keys to end, or for a worker to be clear of them; fed by the
-    scheduler plugin's `transition` hook (and `recheck` for the latter)."""
+    """Callers waiting for a worker to be clear of sets of task keys (or for the keys to end), woken by
+    `recheck`, which the scheduler plugin calls while any waits: after each task it manages starts, ends
+    or yields, and after any other task ends."""
 
     def __init__(self):
-        self._by_key: dict[str, list[_Wait]] = {}
-        self._clear: list[_ClearWait] = []  # callers of `wait_clear`
+        self._waits: list[_Wait] = []
         self.calls = 0  # waits asked for
-        self.waited = 0  # of which had a key not done yet
-
-    def __contains__(self, key: str) -> bool:  # the hook's hot path: one dict lookup per transition
-        return key in self._by_key
-
-    def __len__(self) -> int:  # keys someone waits on
-        return len(self._by_key)
+        self.waited = 0  # of which had to wait
 
     @staticmethod
     def pending(tasks: Mapping, keys: Iterable[str]) -> set[str]:
@@ -88,64 +77,34 @@ class KeyBarrier:
         never is."""
         return {k for k in keys if (ts := tasks.get(k)) is not None and ts.state not in DONE}
 
-    async def wait(self, tasks: Mapping, keys: Iterable[str]) -> int:
-        """Return once every task of `keys` has ended; how many had not when called."""
+    async def wait(self, tasks: Mapping, keys: Iterable[str], worker: str | None = None,
+                   inflight: Mapping[str, Iterable[str]] | None = None) -> int:
+        """Return once `worker` is clear of the rollout groups of `keys` (`clear_of`; `inflight`: the
+        managed tasks running, by worker), at the latest once every task of `keys` has ended; with no
+        worker, once they all have. How many of `keys` had not ended when called."""
         self.calls += 1
-        left = self.pending(tasks, keys)
-        if not left:
-            return 0
-        self.waited += 1
-        n, w = len(left), _Wait(left)
-        for k in left:
-            self._by_key.setdefault(k, []).append(w)
-        try:
-            await w.event.wait()
-        finally:  # cancelled (the caller's connection closed): nothing stays registered for it
-            for k in list(w.left):
-                waits = self._by_key.get(k, [])
-                if w in waits:
-                    waits.remove(w)
-                if not waits:
-                    self._by_key.pop(k, None)
-        return n
-
-    async def wait_clear(self, tasks: Mapping, keys: Iterable[str], worker: str,
-                         inflight: Mapping[str, Iterable[str]]) -> int:
-        """Return once `worker` is clear of the rollout groups of `keys` (`clear_of`): at the latest
-        when every task of `keys` has ended. The caller (the plugin) calls `recheck` whenever a managed
-        task starts, ends or yields. How many of `keys` had not ended when called."""
-        self.calls += 1
-        keys = list(keys)
+        keys, inflight = list(keys), inflight or {}
         left = self.pending(tasks, keys)
         if clear_of(worker, left, inflight):
             return 0
         self.waited += 1
-        w = _ClearWait(worker, keys)
-        self._clear.append(w)
+        w = _Wait(worker, keys)
+        self._waits.append(w)
         try:
             await w.event.wait()
-        finally:
-            if w in self._clear:
-                self._clear.remove(w)
+        finally:  # woken, or cancelled (the caller's connection closed): nothing stays registered for it
+            if w in self._waits:
+                self._waits.remove(w)
         return len(left)
 
     @property
-    def clear_waits(self) -> int:
-        """Callers of `wait_clear` still waiting."""
-        return len(self._clear)
+    def waits(self) -> int:
+        """Callers still waiting."""
+        return len(self._waits)
 
     def recheck(self, tasks: Mapping, inflight: Mapping[str, Iterable[str]]) -> None:
-        """Wake the callers of `wait_clear` whose worker is clear now."""
-        for w in list(self._clear):
+        """Wake the callers that are clear now."""
+        for w in list(self._waits):
             if clear_of(w.worker, self.pending(tasks, w.keys), inflight):
-                self._clear.remove(w)
-                w.event.set()
-
-    def transition(self, key: str, finish: str) -> None:
-        """Task `key` went to state `finish`."""
-        if finish not in DONE:
-            return
-        for w in self._by_key.pop(key, ()):
-            w.left.discard(key)
-            if not w.left:
+                self._waits.remove(w)
                 w.event.set()

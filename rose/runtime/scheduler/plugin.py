@@ -119,14 +119,12 @@ class RoseScheduler(SchedulerPlugin):
     # ---------------------------------------------------------------- task state
     @_guarded
     def transition(self, key, start, finish, *args, stimulus_id=None, **kwargs):
-        if key in self.barrier:
-            self.barrier.transition(key, finish)
         if key not in self.train_keys and key not in self.book.tasks:
-            if self.barrier.clear_waits and finish in DONE:  # a task a receiver waits on, outside the book
+            if self.barrier.waits and finish in DONE:  # a task someone waits on, outside the book
                 self._recheck()
             return  # the hot path: most transitions are of tasks this plugin does not manage
         self._transition(key, start, finish, stimulus_id)
-        if self.barrier.clear_waits:
+        if self.barrier.waits:
             self._recheck()
 
     def _transition(self, key, start, finish, stimulus_id) -> None:
@@ -187,11 +185,11 @@ class RoseScheduler(SchedulerPlugin):
     def _h_yielded(self, key=None, worker=None, **kwargs) -> None:
         """A worker's shed rollout task holds no slots any more (it waits for its group to finish elsewhere)."""
         self._apply(self.book.on_yielded(key, worker, f"rose-yielded-{time.time()}"))
-        if self.barrier.clear_waits:
+        if self.barrier.waits:
             self._recheck()
 
     def _recheck(self) -> None:
-        """Wake the receivers waiting to commit a version (`rose_keys_done` with a worker) that are clear."""
+        """Wake the callers of `rose_keys_done` (receivers waiting to commit a version) that are clear."""
         self.barrier.recheck(self.scheduler.tasks, self.book.inflight)
 
     def running(self) -> RunningWorkers:
@@ -279,8 +277,7 @@ class RoseScheduler(SchedulerPlugin):
         running, parked = (self.running(), len(self.parked())) if started else (set(), 0)
         st = self.book.state(time.monotonic(), running, parked)
         return dict(st, errors=self.errors, last_error=self.last_error,
-                    barrier={"calls": self.barrier.calls, "waited": self.barrier.waited, "keys": len(self.barrier),
-                             "clear_waits": self.barrier.clear_waits})
+                    barrier={"calls": self.barrier.calls, "waited": self.barrier.waited, "waits": self.barrier.waits})
 
     def _h_state(self) -> dict:
         return self.state()
@@ -288,9 +285,7 @@ class RoseScheduler(SchedulerPlugin):
     async def _h_keys_done(self, keys=(), worker: str | None = None) -> dict:
         """Reply once every task of `keys` has ended (in memory, erred or forgotten), or, given a `worker`,
         once that worker is clear of the rollout groups they start (`barrier.clear_of`): barrier.py."""
-        b, tasks, keys = self.barrier, self.scheduler.tasks, list(keys)
-        wait = b.wait(tasks, keys) if worker is None else b.wait_clear(tasks, keys, worker, self.book.inflight)
-        return {"waited_for": await wait}
+        return {"waited_for": await self.barrier.wait(self.scheduler.tasks, keys, worker, self.book.inflight)}
 
     def _h_elastic_demand(self) -> dict:
         return self.book.elastic_demand(self.parked(), time.monotonic(), self.running())
