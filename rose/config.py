@@ -103,7 +103,7 @@ class EngineConfig:
         _positive(c, "request_timeout_s", self.request_timeout_s)
         _positive(c, "env_timeout_s", self.env_timeout_s)
         _positive(c, "weight_shard_kib", self.weight_shard_kib)
-        config_check(isinstance(self.kv_block_tokens, int) and self.kv_block_tokens >= 0, c, "kv_block_tokens",
+        config_check(type(self.kv_block_tokens) is int and self.kv_block_tokens >= 0, c, "kv_block_tokens",
                      self.kv_block_tokens, "a whole number of tokens >= 0 (0: the host's default)")
 
     @property

@@ -13,6 +13,7 @@ from rose.pipeline import Pipeline
     (lambda: EngineConfig(kv_cache_gib=float("nan")), "kv_cache_gib"),
     (lambda: EngineConfig(kv_block_tokens=-32), "kv_block_tokens"),
     (lambda: EngineConfig(kv_block_tokens=32.0), "kv_block_tokens"),
+    (lambda: EngineConfig(kv_block_tokens=True), "kv_block_tokens"),
     (lambda: GRPOConfig(clip=1.5), "clip"),
     (lambda: GRPOConfig(tis_cap=0.5), "tis_cap"),
     (lambda: ClusterConfig(num_dedicated=0), "num_dedicated"),

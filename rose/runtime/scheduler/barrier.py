@@ -11,9 +11,9 @@ that path grows with the model and the link.
 
 A receiver need not wait for every one of those rollouts, only for those it runs (`KeyBarrier.wait`
 with a worker): once each rollout group not yet ended runs on another worker, nothing of that step
-will run on this one again, and it may swap to the next version and take the next step's rollouts, which wait for it. On a
-2-core host the serving worker sat idle for 0.17-0.23 s a step until the dedicated worker's last
-conversations ended (RESULTS, elastic_e2e).
+will run on this one again, and it may swap to the next version and take the next step's rollouts,
+which wait for it. On a 2-core host the serving worker sat idle for 0.17-0.23 s a step until the
+dedicated worker's last conversations ended (RESULTS, elastic_e2e).
 """
 from __future__ import annotations
 
