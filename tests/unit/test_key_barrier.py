@@ -1,6 +1,7 @@
 """The scheduler's wait for tasks to end (`rose_keys_done`), without processes: what counts as ended,
 and a cancelled wait leaves nothing behind; a receiver's wait to be clear of a step's rollout groups
-(`clear_of`, `KeyBarrier.wait` with a worker): when it may commit the next version while other workers still run them."""
+(`clear_of`, `KeyBarrier.wait` with a worker): when it may commit the next version while other
+workers still run them."""
 import asyncio
 from types import SimpleNamespace
 
@@ -78,8 +79,8 @@ def test_a_cancelled_wait_leaves_nothing_registered():
 
 
 def test_the_plugin_wakes_its_barrier_for_tasks_it_does_not_place():
-    """The sync waits on the next step's rollout keys; the hook must reach the barrier before its own
-    filter (a key the book no longer holds, or never held, is still waited on)."""
+    """The sync waits on the next step's rollout keys; the hook rechecks the barrier when a task it does
+    not manage ends (a key the book no longer holds, or never held, is still waited on)."""
     async def go():
         plugin = RoseScheduler()
         plugin.scheduler = SimpleNamespace(tasks=_tasks(r="processing"), workers={}, loop=None)
