@@ -1,6 +1,6 @@
 """A run's directory and its checkpoints, on the driver's side.
 
-    RUN_DIR/metrics.csv, trajectories.parquet, summary.json, reward.png   (the Report, `Report.save`)
+    RUN_DIR/metrics.csv, trajectories.parquet, summary.json   (the Report, `Report.save`; reward.png at the end)
     RUN_DIR/checkpoints/step-000009-1a2b3c4d/     a model directory + trainer.pt (written by the trainer)
     RUN_DIR/checkpoints/latest.json               which checkpoint a resume starts from
 

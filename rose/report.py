@@ -139,16 +139,18 @@ class Report:
         plt.close(fig)
         return path
 
-    def save(self, out_dir: str) -> dict[str, str]:
-        """Write metrics.csv, trajectories.parquet, summary.json and reward.png under `out_dir`."""
+    def save(self, out_dir: str, plot: bool = True) -> dict[str, str]:
+        """Write metrics.csv, trajectories.parquet, summary.json and (`plot`) reward.png under `out_dir`.
+        Returns the paths written."""
         os.makedirs(out_dir, exist_ok=True)
         paths = {"metrics": os.path.join(out_dir, "metrics.csv"),
                  "trajectories": os.path.join(out_dir, "trajectories.parquet"),
-                 "summary": os.path.join(out_dir, "summary.json"),
-                 "plot": os.path.join(out_dir, "reward.png")}
+                 "summary": os.path.join(out_dir, "summary.json")}
         self.metrics.to_csv(paths["metrics"], index=False)
         pq.write_table(self.trajectories, paths["trajectories"])
         with open(paths["summary"], "w") as f:
             json.dump(self.summary, f, indent=2)
-        self.plot(paths["plot"])
+        if plot:
+            paths["plot"] = os.path.join(out_dir, "reward.png")
+            self.plot(paths["plot"])
         return paths

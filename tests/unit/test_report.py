@@ -35,3 +35,20 @@ def test_the_summary_compares_five_and_ten_step_blocks():
     assert s["steps"] == 30 and s["steps_s"] == 45.0
     assert s["reward_first5"] == 0.02 and s["reward_last5"] == 0.27  # steps 0-4, 25-29
     assert s["reward_first10"] == 0.045 and s["reward_last10"] == 0.245  # steps 0-9, 20-29
+
+
+def test_a_checkpoints_save_skips_the_plot_and_the_runs_end_draws_it(tmp_path):
+    import os
+
+    import pandas as pd
+
+    from rose.report import STEP_COLUMNS, Report
+
+    rows = [{c: 0.0 for c in STEP_COLUMNS} | {"step": s, "reward_mean": 0.5, "step_s": 1.0} for s in range(3)]
+    report = Report("guess", pd.DataFrame(rows, columns=STEP_COLUMNS), _table([0.5], [False]), 0, 0)
+    written = report.save(str(tmp_path / "ckpt"), plot=False)
+    assert sorted(written) == ["metrics", "summary", "trajectories"]
+    assert sorted(os.listdir(tmp_path / "ckpt")) == ["metrics.csv", "summary.json", "trajectories.parquet"]
+    assert pd.read_csv(written["metrics"])["step"].tolist() == [0, 1, 2]
+    written = report.save(str(tmp_path / "end"))
+    assert os.path.getsize(written["plot"]) > 0 and written["plot"].endswith("reward.png")
