@@ -2,8 +2,9 @@
 
 Run:  rose run pipelines/guess.py --json
 A tiny Llama (0.5 M parameters) is built and warm-started on random valid play (cached), then GRPO
-teaches it to search: sampled reward rises from about 0.45 toward binary search's 0.76, by +0.15 or
-more from the first 10 steps to the last 10 (`reward_first10`, `reward_last10` in the summary).
+teaches it to search: sampled reward rises from about 0.45 toward binary search's 0.76, by +0.15 to
++0.27 from the first 10 steps to the last 10 (`reward_first10`, `reward_last10` in the summary; hosts
+and seeds in benchmarks/RESULTS.md).
 """
 import rose
 from rose.graph import Graph, rl_step
@@ -12,7 +13,7 @@ from rose.graph import Graph, rl_step
 ENV = "guess"  # environment (rose/envs/guess.py)
 NUM_GROUPS = 16  # environment seeds per step (GRPO groups)
 GROUP_SIZE = 8  # samples per seed
-STEPS = 200  # RL steps by default: 0.7-1.7 s each on the 2-core hosts measured, under 6 min of steps
+STEPS = 200  # RL steps by default: 0.6-2.3 s each on the 2-core hosts measured (2 to 7.6 min of steps)
 SEED = 0
 MODEL = rose.ModelConfig()  # path=None: build and warm-start the tiny local model
 # float32 engines for the tiny model: they sample from exactly the trainer's weights (seeded 100-step
