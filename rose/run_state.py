@@ -174,7 +174,7 @@ class RunState:
         if ckpt is not None:  # the report first, then the pointer: a resume finds both at this step
             if self.persist:
                 # No plot: drawing reward.png took 0.9-1.4 s on a 2-core host, ten times the rest of the
-                # report, and a resume reads none of it. The run's end (or failure) draws it.
+                # report, and a resume reads none of it. The run's end draws it (`rose run` also when a run fails).
                 self.report().save(self.run_dir.root, plot=False)
             self.run_dir.commit(ckpt)
         return row

@@ -37,7 +37,7 @@ def test_the_summary_compares_five_and_ten_step_blocks():
     assert s["reward_first10"] == 0.045 and s["reward_last10"] == 0.245  # steps 0-9, 20-29
 
 
-def test_a_checkpoints_save_skips_the_plot_and_the_runs_end_draws_it(tmp_path):
+def test_a_save_without_the_plot_writes_what_a_resume_reads_and_a_full_save_draws_it(tmp_path):
     import os
 
     import pandas as pd
