@@ -19,7 +19,12 @@ def test_trainers_shards_the_local_clusters_trainer_and_is_refused_with_a_schedu
     monkeypatch.setattr(rose, "run", run)
     result = CliRunner().invoke(main, ["run", GUESS, "--trainers", "2", "--steps", "1"])
     assert "stood in" in result.output and got["pipeline"].cluster.num_trainers == 2
-    assert got["pipeline"].cluster.num_dedicated == 1  # the rest of the pipeline's cluster as it was
+    from dataclasses import replace
+
+    from rose.pipeline import load_pipeline
+
+    shipped = load_pipeline(GUESS).cluster  # the rest of the pipeline's cluster as it was
+    assert shipped.num_trainers == 1 and got["pipeline"].cluster == replace(shipped, num_trainers=2)
     result = CliRunner().invoke(main, ["run", GUESS, "--trainers", "2", "--scheduler", "tcp://127.0.0.1:1"])
     assert result.exit_code == 2 and "--rose-role trainer" in result.output
     result = CliRunner().invoke(main, ["run", GUESS, "--trainers", "0"])

@@ -59,6 +59,9 @@ def test_a_synchronous_run_gives_the_trainer_every_core_but_the_serving_workers(
     cfg = synchronous_cores(ClusterConfig(num_dedicated=1, num_serving=1, serving_model="m", cores=(0, 1, 2)))
     assert cfg.trainer_cores == (0, 2)  # serving-0 keeps core 1 to itself: it has latency objectives
     assert synchronous_cores(ClusterConfig(cores=(0, 1), trainer_cores=(1,))).trainer_cores == (1,)  # chosen: kept
+    # the default pipeline's layout: a dedicated worker on each core, both yielding to the trainer's step
+    ranks, rollout = _core_plan(synchronous_cores(ClusterConfig(num_dedicated=2, cores=(0, 1))))
+    assert ranks == [(0, 1)] and rollout == [(0,), (1,)]
 
 
 def test_rose_run_starts_its_cluster_with_the_plan_for_the_run_s_mode():
