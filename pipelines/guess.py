@@ -23,8 +23,8 @@ ENGINE = rose.EngineConfig(dtype="float32", temperature=1.0, kv_cache_gib=0.5)
 # lr 5e-4, not the default 3e-4 (+0.09 between the first and last 10-step blocks of 100 steps): 200
 # synchronous steps rose +0.17, +0.16, +0.22 (seeds 0, 1, 2) with float32 trainer passes, and +0.17,
 # +0.22, +0.27 with bf16 ones (GRPOConfig's "auto" on an AVX512-BF16 host). 1e-3 broke the warm-started
-# policy within 5 steps (malformed guesses); asynchronous steps (--staleness 1) at 5e-4 collapsed once
-# at step ~140.
+# policy within 5 steps (malformed guesses); asynchronous steps (--staleness 1) at 5e-4 collapsed in two
+# runs (at step ~140, and at ~107 on the AVX2 host, 2026-12-07).
 GRPO = rose.GRPOConfig(lr=5e-4, inner_epochs=4, clip=0.2)
 # Two dedicated rollout workers, one per core of a 2-core host. The trainer takes every core in a
 # synchronous step and both workers yield to it, so each phase has the whole host: 40 steps, mirrored

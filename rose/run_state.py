@@ -173,8 +173,8 @@ class RunState:
         ckpt = self.saved.pop(st.step, None)
         if ckpt is not None:  # the report first, then the pointer: a resume finds both at this step
             if self.persist:
-                # No plot: drawing reward.png took 0.9-1.4 s on a 2-core host, ten times the rest of the
-                # report, and a resume reads none of it. The run's end draws it (`rose run` also when a run fails).
+                # No plot: drawing reward.png took 0.9-1.4 s on a 2-core host, 5-17 times the rest of the
+                # report (50-200 steps), and a resume reads none of it. The run's end draws it (`rose run` also when a run fails).
                 self.report().save(self.run_dir.root, plot=False)
             self.run_dir.commit(ckpt)
         return row
