@@ -1,8 +1,10 @@
 """What a run returns: per-step metrics, every trajectory, a summary, and a plot."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import uuid
 from dataclasses import dataclass
 
 import numpy as np
@@ -135,22 +137,42 @@ class Report:
         ax3.set_title(f"preparation\n{self.prepare_s:.1f} s")
         ax3.set_ylabel("seconds")
         fig.tight_layout()
-        fig.savefig(path, dpi=100)
+        fig.savefig(path, dpi=100, format="png")  # `path` may be a temporary name
         plt.close(fig)
         return path
 
     def save(self, out_dir: str, plot: bool = True) -> dict[str, str]:
         """Write metrics.csv, trajectories.parquet, summary.json and (`plot`) reward.png under `out_dir`.
-        Returns the paths written."""
+        Returns the paths written. Each file is written beside and renamed over the old one: a run
+        killed mid-save (at a checkpoint, the report a resume reads) leaves every file whole, the old
+        one or the new, and each holds at least the steps of the checkpoint before."""
         os.makedirs(out_dir, exist_ok=True)
         paths = {"metrics": os.path.join(out_dir, "metrics.csv"),
                  "trajectories": os.path.join(out_dir, "trajectories.parquet"),
                  "summary": os.path.join(out_dir, "summary.json")}
-        self.metrics.to_csv(paths["metrics"], index=False)
-        pq.write_table(self.trajectories, paths["trajectories"])
-        with open(paths["summary"], "w") as f:
-            json.dump(self.summary, f, indent=2)
+        _replace(paths["trajectories"], lambda tmp: pq.write_table(self.trajectories, tmp))
+        _replace(paths["metrics"], lambda tmp: self.metrics.to_csv(tmp, index=False))
+        summary = json.dumps(self.summary, indent=2)
+        _replace(paths["summary"], lambda tmp: _write_text(tmp, summary))
         if plot:
             paths["plot"] = os.path.join(out_dir, "reward.png")
-            self.plot(paths["plot"])
+            _replace(paths["plot"], self.plot)
         return paths
+
+
+def _replace(path: str, write) -> None:
+    """`write(tmp)` a file beside `path`, then rename it over `path` (atomic on one filesystem); on an
+    error `path` is left as it was and the partial file removed."""
+    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def _write_text(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)

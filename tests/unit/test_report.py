@@ -52,3 +52,39 @@ def test_a_save_without_the_plot_writes_what_a_resume_reads_and_a_full_save_draw
     assert pd.read_csv(written["metrics"])["step"].tolist() == [0, 1, 2]
     written = report.save(str(tmp_path / "end"))
     assert os.path.getsize(written["plot"]) > 0 and written["plot"].endswith("reward.png")
+
+
+def test_a_save_that_fails_midway_leaves_the_report_before_it_whole(tmp_path, monkeypatch):
+    # A run killed while it writes a checkpoint's report: the resume reads the files of the checkpoint
+    # before, so none may be left half-written.
+    import os
+
+    import pandas as pd
+    import pyarrow.parquet as pq
+
+    import rose.report
+    from rose.report import STEP_COLUMNS, Report
+
+    def report(steps: int, rows: int) -> Report:
+        frame = pd.DataFrame([{c: 0.0 for c in STEP_COLUMNS} | {"step": s} for s in range(steps)], columns=STEP_COLUMNS)
+        return Report("guess", frame, _table([0.5] * rows, [False] * rows), 0, 0)
+
+    report(2, 3).save(str(tmp_path), plot=False)
+    write_table = pq.write_table
+
+    def dies_midway(table, where):
+        with open(where, "wb") as f:
+            f.write(b"PAR1 half a file")
+        raise OSError("killed")
+
+    monkeypatch.setattr(rose.report.pq, "write_table", dies_midway)
+    try:
+        report(4, 5).save(str(tmp_path), plot=False)
+    except OSError:
+        pass
+    else:
+        raise AssertionError("the save did not fail")
+    monkeypatch.setattr(rose.report.pq, "write_table", write_table)
+    assert pq.read_table(tmp_path / "trajectories.parquet").num_rows == 3
+    assert pd.read_csv(tmp_path / "metrics.csv")["step"].tolist() == [0, 1]
+    assert sorted(os.listdir(tmp_path)) == ["metrics.csv", "summary.json", "trajectories.parquet"]
