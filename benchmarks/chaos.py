@@ -191,7 +191,9 @@ def resume_phase() -> dict:
     from pipelines.guess import PIPELINE
     from rose.runtime.cluster import LocalRoseCluster
 
-    p = replace(PIPELINE, steps=3, checkpoint_every=2, cluster=rose.ClusterConfig(num_dedicated=1))
+    # Synchronous: a resumed asynchronous run starts its next step's rollouts on the checkpoint's weights,
+    # where the uninterrupted run had started them on the weights before (rose.schedule.plan_run).
+    p = replace(PIPELINE, steps=3, checkpoint_every=2, staleness=0, cluster=rose.ClusterConfig(num_dedicated=1))
     cols = ["step", "weight_version", "reward_mean", "reward_std", "tokens", "failed", "logprob_mismatch", "loss"]
     with LocalRoseCluster(p.cluster, p.engine) as cluster, Client(cluster) as client, \
             tempfile.TemporaryDirectory() as whole_dir, tempfile.TemporaryDirectory() as cut_dir:

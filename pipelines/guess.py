@@ -20,17 +20,24 @@ MODEL = rose.ModelConfig()  # path=None: build and warm-start the tiny local mod
 # runs of `guess`: reward by 10-step blocks rose 0.48 -> 0.57 steadily in float32, and stayed near 0.50
 # until step 90 in bf16). For real models keep the default, bf16: syncs then send small deltas.
 ENGINE = rose.EngineConfig(dtype="float32", temperature=1.0, kv_cache_gib=0.5)
-# lr 5e-4, not the default 3e-4 (+0.09 between the first and last 10-step blocks of 100 steps): 200
-# synchronous steps rose +0.17, +0.16, +0.22 (seeds 0, 1, 2) with float32 trainer passes, and +0.17,
-# +0.22, +0.27 with bf16 ones (GRPOConfig's "auto" on an AVX512-BF16 host). 1e-3 broke the warm-started
-# policy within 5 steps (malformed guesses); asynchronous steps (--staleness 1) at 5e-4 collapsed in two
-# runs (at step ~140, and at ~107 on the AVX2 host, 2026-12-07).
-GRPO = rose.GRPOConfig(lr=5e-4, inner_epochs=4, clip=0.2)
-# Two dedicated rollout workers, one per core of a 2-core host. The trainer takes every core in a
-# synchronous step and both workers yield to it, so each phase has the whole host: 40 steps, mirrored
-# (AVX2 host, 2026-12-07), rollout phase 0.56-0.60 s a step against 0.84 with one worker, the same
-# rewards, tokens and losses to the digit (each trajectory samples from its own seed).
-CLUSTER = rose.ClusterConfig(num_dedicated=2)
+# Asynchronous steps: step k+1's rollouts run while step k trains, on the weights from before it (one
+# version stale; the engines' log-probs are the behaviour policy's in the loss). On a 2-core host the
+# trainer gets one core and the rollout worker the other; synchronously each phase gets both in turn.
+# Seeded 200-step runs here (AVX2 host, 2026-12-07; benchmarks/RESULTS.md, the default pipeline):
+# asynchronous at lr 3e-4 rose +0.183 and +0.188 (seeds 0, 1) in 377 and 381 s of steps, where
+# synchronous at 5e-4 rose +0.150 in 458 s; the same seed gives the same rewards in either layout of
+# workers. At 5e-4 asynchronous steps collapsed in two runs (at step ~107 and ~140); 1e-3 broke the
+# warm-started policy within 5 steps in either mode. `--staleness 0` runs synchronously (at 3e-4 it
+# rose +0.09 over 100 steps, 2026-11-30; 5e-4 suits it better).
+STALENESS = 1
+# Two passes of at most 2,048 padded tokens each, not the whole batch in one: rows of similar length
+# share a pass (less padding; rose/runtime/microbatch.py). The trainer, which bounds an asynchronous
+# step here, took 0.85 of the one-pass time (median of 8 interleaved updates, one thread, 2026-12-07).
+GRPO = rose.GRPOConfig(lr=3e-4, inner_epochs=4, clip=0.2, max_tokens_per_microbatch=2048)
+# One dedicated rollout worker: it takes core 0 and the trainer core 1. A second worker (one per core)
+# would share the trainer's core: it shortens a synchronous step's rollout phase (40 steps, mirrored, AVX2
+# host: 0.56-0.60 s against 0.84) but slowed asynchronous steps (1.95 s against 1.78, back-to-back runs).
+CLUSTER = rose.ClusterConfig(num_dedicated=1)
 
 
 def step_graph(step: int) -> Graph:
@@ -38,4 +45,4 @@ def step_graph(step: int) -> Graph:
 
 
 PIPELINE = rose.Pipeline(name="guess", env=ENV, build=step_graph, steps=STEPS, seed=SEED, model=MODEL,
-                         engine=ENGINE, cluster=CLUSTER)
+                         engine=ENGINE, cluster=CLUSTER, staleness=STALENESS)
