@@ -2,9 +2,9 @@
 
 Run:  rose run pipelines/guess.py --json
 A tiny Llama (0.5 M parameters) is built and warm-started on random valid play (cached), then GRPO
-teaches it to search: sampled reward rises from about 0.45 toward binary search's 0.76, by +0.15 to
-+0.27 from the first 10 steps to the last 10 (`reward_first10`, `reward_last10` in the summary; hosts
-and seeds in benchmarks/RESULTS.md).
+teaches it to search: sampled reward rises from about 0.45 toward binary search's 0.76, by +0.14 to
++0.16 from the first 10 steps to the last 10 on the slowest host measured (seeds 0-2; `reward_first10`,
+`reward_last10` in the summary; hosts and seeds in benchmarks/RESULTS.md).
 """
 import rose
 from rose.graph import Graph, rl_step
@@ -13,7 +13,7 @@ from rose.graph import Graph, rl_step
 ENV = "guess"  # environment (rose/envs/guess.py)
 NUM_GROUPS = 16  # environment seeds per step (GRPO groups)
 GROUP_SIZE = 8  # samples per seed
-STEPS = 200  # RL steps by default: 0.6-2.3 s each on the 2-core hosts measured (2 to 7.6 min of steps)
+STEPS = 200  # RL steps by default: 1.4-1.7 s each on the AVX2 host (2026-12-07), 5-6 min of steps
 SEED = 0
 MODEL = rose.ModelConfig()  # path=None: build and warm-start the tiny local model
 # float32 engines for the tiny model: they sample from exactly the trainer's weights (seeded 100-step
@@ -23,16 +23,18 @@ ENGINE = rose.EngineConfig(dtype="float32", temperature=1.0, kv_cache_gib=0.5)
 # Asynchronous steps: step k+1's rollouts run while step k trains, on the weights from before it (one
 # version stale; the engines' log-probs are the behaviour policy's in the loss). On a 2-core host the
 # trainer gets one core and the rollout worker the other; synchronously each phase gets both in turn.
-# Seeded 200-step runs here (AVX2 host, 2026-12-07; benchmarks/RESULTS.md, the default pipeline):
-# asynchronous at lr 3e-4 rose +0.183 and +0.188 (seeds 0, 1) in 377 and 381 s of steps, where
-# synchronous at 5e-4 rose +0.150 in 458 s; the same seed gives the same rewards in either layout of
-# workers. At 5e-4 asynchronous steps collapsed in two runs (at step ~107 and ~140); 1e-3 broke the
-# warm-started policy within 5 steps in either mode. `--staleness 0` runs synchronously (at 3e-4 it
-# rose +0.09 over 100 steps, 2026-11-30; 5e-4 suits it better).
+# Seeded 200-step runs here (AVX2 host, 2026-12-07; benchmarks/RESULTS.md, the default pipeline), as
+# set below: +0.144, +0.156, +0.162 (seeds 0-2) in 295-343 s of steps; synchronous at 5e-4 (the
+# default before): +0.150 (seed 0) in 458 s. A seed gave the same rewards with one or two workers and
+# at each host speed seen. At 5e-4 asynchronous steps collapsed in two runs (at step ~107 and ~140), at 4e-4
+# the reward fell to -0.35 at step 13 and came back by step 18; 1e-3 broke the warm-started policy
+# within 5 steps in either mode. `--staleness 0` runs synchronously (at 3e-4 it rose +0.09 over 100
+# steps, 2026-11-30; 5e-4 suits it better).
 STALENESS = 1
 # Two passes of at most 2,048 padded tokens each, not the whole batch in one: rows of similar length
 # share a pass (less padding; rose/runtime/microbatch.py). The trainer, which bounds an asynchronous
-# step here, took 0.85 of the one-pass time (median of 8 interleaved updates, one thread, 2026-12-07).
+# step here, took 0.85 of the one-pass time (median of 8 interleaved updates, one thread, 2026-12-07;
+# seed 0's 200 steps: 377 s of steps in one pass at 12:41, 295 and 325 s in two at 13:07 and 13:17).
 GRPO = rose.GRPOConfig(lr=3e-4, inner_epochs=4, clip=0.2, max_tokens_per_microbatch=2048)
 # One dedicated rollout worker: it takes core 0 and the trainer core 1. A second worker (one per core)
 # would share the trainer's core: it shortens a synchronous step's rollout phase (40 steps, mirrored, AVX2
