@@ -4,13 +4,13 @@ rounding (targets: auto's dtype steps at least as fast as the other one; the two
 updates, from the same weights on the same batch, point the same way: cosine >= 0.95).
 
 Two trainers (rose.runtime.trainer.Trainer) of the default pipeline's tiny guess model, one with
-float32 passes and one with bf16 autocast (float32 master weights either way), in one process bound
-to core 0 with one torch thread, as the run's trainer worker is. Each GRPO step trains on one batch of
-the default pipeline's size (16 groups of 8 conversations): the environment's own valid play
-(`GuessEnv.demonstration`, the warm start's data), its policy tokens' behaviour log-probs from the
-float32 model, rewards from the play. The two trainers step on the same batches, alternating which
-goes first, so both see the same minutes of the host; throughput is policy-model tokens (rows x
-their lengths, padding not counted) per second of `Trainer.step`, steps after the first.
+float32 passes and one with bf16 autocast (float32 master weights either way), in one process bound to
+one core with one torch thread, as the default pipeline's trainer worker is. Each GRPO step (the
+pipeline's settings) trains on one batch of its size (16 groups of 8 conversations): the environment's
+own valid play (`GuessEnv.demonstration`, the warm start's data), its policy tokens' behaviour
+log-probs from the float32 model, rewards from the play. The two trainers step on the same batches,
+alternating which goes first, so both see the same minutes of the host; throughput is policy-model
+tokens (rows x their lengths, padding not counted) per second of `Trainer.step`, steps after the first.
 `logprob_mismatch` is the first step's mean |trainer's log-prob - behaviour log-prob|, both at the same
 weights: float32's rounding in float32, bf16's in bf16. Adam's first updates are nearly +-lr per
 element whatever the gradient's size, so a weight whose tiny gradient bf16 rounds the other way moves
@@ -30,7 +30,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-CORE = 0  # the trainer's core in a LocalRoseCluster
+CORE = 0  # one core and one torch thread, as the default pipeline's trainer worker has (core 1 of 2 there)
 GROUPS, GROUP_SIZE = 16, 8  # pipelines/guess.py's batch
 
 
@@ -82,6 +82,7 @@ def main():
 
     import torch
 
+    from pipelines.guess import GRPO as pipeline  # the default pipeline's update, as it sets it
     from rose.config import GRPOConfig, ModelConfig
     from rose.envs import env_class
     from rose.models import prepare_model
@@ -93,7 +94,6 @@ def main():
     torch.set_num_threads(1)
     model_dir = prepare_model(ModelConfig(), env_class("guess"), seed=args.seed)
     tables = batches(model_dir, steps, args.seed)
-    pipeline = GRPOConfig(lr=5e-4, inner_epochs=4, clip=0.2)  # pipelines/guess.py's
     dtypes = ("float32", "bfloat16")
     trainers = {d: Trainer(model_dir, seed=args.seed) for d in dtypes}
     seconds = {d: 0.0 for d in dtypes}
