@@ -23,13 +23,13 @@ ENGINE = rose.EngineConfig(dtype="float32", temperature=1.0, kv_cache_gib=0.5)
 # Asynchronous steps: step k+1's rollouts run while step k trains, on the weights from before it (one
 # version stale; the engines' log-probs are the behaviour policy's in the loss). On a 2-core host the
 # trainer gets one core and the rollout worker the other; synchronously each phase gets both in turn.
-# Seeded 200-step runs here (AVX2 host, 2026-12-07; benchmarks/RESULTS.md, the default pipeline), as
-# set below: +0.144, +0.156, +0.162 (seeds 0-2) in 295-343 s of steps; synchronous at 5e-4 (the
-# default before): +0.150 (seed 0) in 458 s. A seed gave the same rewards with one or two workers and
-# at each host speed seen. At 5e-4 asynchronous steps collapsed in two runs (at step ~107 and ~140), at 4e-4
-# the reward fell to -0.35 at step 13 and came back by step 18; 1e-3 broke the warm-started policy
-# within 5 steps in either mode. `--staleness 0` runs synchronously (at 3e-4 it rose +0.09 over 100
-# steps, 2026-11-30; 5e-4 suits it better).
+# Seeded 200-step runs here (AVX2 host, 2026-12-07; benchmarks/RESULTS.md, the default pipeline), as set
+# below: +0.144, +0.156, +0.162 (seeds 0-2) in 295-343 s of steps; synchronous at 5e-4 (the default
+# before): +0.150 (seed 0) in 458 s. A seed gave the same rewards with one or two workers and at each
+# host speed seen. At 5e-4 asynchronous steps collapsed in two runs (at step ~107 and ~140), at 4e-4 the
+# reward fell to -0.35 at step 13 and came back by step 18; 1e-3 broke the warm-started policy within 5
+# steps in either mode. `--staleness 0` runs synchronously (at 3e-4 it rose +0.09 over 100 steps,
+# 2026-11-30; 5e-4 suits it better).
 STALENESS = 1
 # Two passes of at most 2,048 padded tokens each, not the whole batch in one: rows of similar length
 # share a pass (less padding; rose/runtime/microbatch.py). The trainer, which bounds an asynchronous
