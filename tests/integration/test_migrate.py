@@ -32,6 +32,10 @@ def mixed_cluster():
         yield client
 
 
+def _requests_done(dask_worker) -> int:
+    return dask_worker.plugins["rose"].host.engine.counters()["rollout_requests"]
+
+
 def test_groups_on_a_serving_worker_move_to_a_dedicated_worker_with_room(mixed_cluster):
     client = mixed_cluster
     roles = {a: w["role"] for a, w in plugin_state(client)["workers"].items()}
@@ -41,6 +45,10 @@ def test_groups_on_a_serving_worker_move_to_a_dedicated_worker_with_room(mixed_c
     wait_for(lambda: plugin_state(client)["workers"][d]["slots"] == 0, what="the drain reaching the scheduler")
     thread, box = run_in_background(client, small_pipeline(SLOW, model_env="guess", groups=4, group_size=4))
     wait_for(lambda: plugin_state(client)["workers"][s]["inflight"] == 4, what="every group on the serving worker")
+    # A group shed before its first turn moves whole (nothing ran here): wait for a turn's worth of requests
+    # (16) to finish on the serving engine, so the oldest groups, the ones moved, began here (on a loaded
+    # host a group's first request can come after the drain ends).
+    wait_for(lambda: client.run(_requests_done, workers=[s])[s] >= 16, what="a first turn on the serving worker")
     client.run(lambda dask_worker: dask_worker.plugins["rose"].set_slot_cap(None), workers=[d])
     thread.join(300)
     assert "error" not in box, box.get("error")

@@ -62,7 +62,8 @@ class CoServingExecutor(CommandThread):
         self._last_serving_step = None  # the last iteration with a serving step: (start, its ms, rollout ms, predicted)
         # Counters (loop thread). steps_cut: iterations whose extra rollout steps the measured period cut short;
         # admitted_between: requests admitted before extra steps; *_wall_ms - *_cpu_ms: contention mid-step.
-        self.stats = dict.fromkeys(("iterations", "preemptions", "rollout_tokens", "serving_tokens", "rollout_steps",
+        self.stats = dict.fromkeys(("iterations", "preemptions", "rollout_tokens", "rollout_requests",
+                                    "serving_tokens", "rollout_steps",
                                     "load_slices", "steps_cut", "admitted_between", "rollout_wall_ms",
                                     "rollout_cpu_ms", "serving_wall_ms", "serving_cpu_ms"), 0)
         self.last_plan = None

@@ -42,7 +42,9 @@ def step_rollout(ex, seqs: int, admitted: int = 0, context: int = 0) -> float:
     if outs is not None:
         ex.controller.rollout_model.observe(seqs, (t1 - t0) * 1e3, admitted, context)
         ex.stats["rollout_steps"] += 1
+        before = len(ex._running)
         ex.stats["rollout_tokens"] += absorb(ex._running, outs, ex.rollout.weight_version, t1)
+        ex.stats["rollout_requests"] += before - len(ex._running)
     return (t1 - t0) * 1e3
 
 

@@ -102,7 +102,8 @@ class RolloutEngine(Protocol):
 
     def counters(self) -> dict[str, float]:
         """Counters since start, read by reports and benchmarks: at least `rollout_steps` (rollout
-        engine iterations) and `rollout_tokens` (tokens generated for rollout requests)."""
+        engine iterations), `rollout_tokens` (tokens generated for rollout requests) and `rollout_requests`
+        (rollout requests resolved: finished, or failed by the engine)."""
 
     def close(self, timeout: float = 10.0) -> None:
         """Stop the owning thread; requests still unfinished fail with EngineError."""

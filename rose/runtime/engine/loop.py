@@ -114,6 +114,7 @@ class EngineLoop:
         # Counters (written by the loop thread only).
         self.iterations = 0  # engine steps
         self.rollout_tokens = 0  # tokens generated
+        self.rollout_requests = 0  # requests resolved (finished, or failed by the engine)
         self.busy_s = 0.0  # seconds spent inside engine.step()
         self._start_error: BaseException | None = None
         self.broken: str | None = None  # a weight load failed: why every later request and load fails (`unusable`)
@@ -171,7 +172,8 @@ class EngineLoop:
         return self.engine.weight_version
 
     def counters(self) -> dict[str, float]:
-        return {"rollout_steps": self.iterations, "rollout_tokens": self.rollout_tokens, "busy_s": self.busy_s}
+        return {"rollout_steps": self.iterations, "rollout_tokens": self.rollout_tokens,
+                "rollout_requests": self.rollout_requests, "busy_s": self.busy_s}
 
     def stalled_s(self) -> float:
         """Seconds since the engine last finished an iteration (or took a request when idle), while
@@ -366,4 +368,6 @@ class EngineLoop:
         self._last_arrival = None
         self.busy_s += now - t0
         self.iterations += 1
+        before = len(self._pending)
         self.rollout_tokens += absorb(self._pending, outputs, self.engine.weight_version, now)
+        self.rollout_requests += before - len(self._pending)
