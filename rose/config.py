@@ -126,6 +126,10 @@ class GRPOConfig:
     algorithm="dapo")` gives DAPO's defaults for whatever the caller left unset."""
 
     lr: float = 3e-4  # AdamW learning rate
+    # Updates over which the learning rate ramps linearly up to `lr` (update u, from 0, runs at
+    # lr * (u + 1) / lr_warmup_steps): the first updates, on a policy's first advantages, move it least.
+    # 0: `lr` from the first update.
+    lr_warmup_steps: int = 0
     betas: tuple[float, float] = (0.9, 0.99)
     clip: float = 0.2  # PPO ratio clip: ratio in [1 - clip, 1 + clip_high]
     inner_epochs: int = 4  # clipped updates per batch of trajectories
@@ -163,6 +167,8 @@ class GRPOConfig:
     def __post_init__(self):
         c = "GRPOConfig"
         _positive(c, "lr", self.lr)
+        config_check(isinstance(self.lr_warmup_steps, int) and self.lr_warmup_steps >= 0, c, "lr_warmup_steps",
+                     self.lr_warmup_steps, "an int >= 0 (0: no warm-up)")
         config_check(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), c, "betas", self.betas,
                      "two values in [0, 1)")
         config_check(0 < self.clip < 1, c, "clip", self.clip, "in (0, 1)")
@@ -191,6 +197,12 @@ class GRPOConfig:
                      self.gradient_checkpointing, "True or False")
         config_check(self.compute_dtype in COMPUTE_DTYPES, c, "compute_dtype", self.compute_dtype,
                      f"one of {COMPUTE_DTYPES}")
+
+    def lr_at(self, update: int) -> float:
+        """The learning rate of update `update` (0 for the first): `lr` after the warm-up."""
+        if update < self.lr_warmup_steps:
+            return self.lr * (update + 1) / self.lr_warmup_steps
+        return self.lr
 
     @property
     def clip_upper(self) -> float:

@@ -122,7 +122,13 @@ class Trainer:
             if self._opt_state is not None:  # restored: AdamW's moments and step counts as they were
                 load_optimizer_state(self.model, self.opt, self._opt_state, self._opt_by_name)
                 self._opt_state = None
+        # The rate from the config at every update (a restored optimizer state carries the saved one), by
+        # updates made so far: the trainer's version, which a checkpoint keeps.
+        lr = cfg.lr_at(self.version)
+        for group in self.opt.param_groups:
+            group["lr"] = lr
         ok, metrics = _trainable(table, cfg)
+        metrics["lr"] = lr
         if ok.num_rows == 0:  # every trajectory failed (or no group varied): nothing to learn, the version stays
             return metrics | {"train_s": time.perf_counter() - t0, "weight_version": self.version}
         token_ids, offsets = flat_tokens(ok, "token_ids")

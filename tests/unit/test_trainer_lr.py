@@ -1,0 +1,46 @@
+"""The trainer's learning rate (GRPOConfig.lr, lr_warmup_steps): a linear warm-up counted in updates,
+the config's rate at every update (also after a restore, whose optimizer state carries the saved one)."""
+from dataclasses import replace
+
+import pytest
+import torch
+
+from rose.config import GRPOConfig
+from rose.runtime.trainer import Trainer
+from tests.unit.test_trainer_microbatch import _table, model_dir  # noqa: F401  (a fixture)
+
+
+def test_the_warm_up_ramps_linearly_to_lr_and_stays():
+    cfg = GRPOConfig(lr=1e-3, lr_warmup_steps=4)
+    assert [cfg.lr_at(u) for u in range(6)] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 1e-3])
+    assert GRPOConfig(lr=1e-3).lr_at(0) == 1e-3  # no warm-up by default
+    for bad in (-1, 2.5, None):
+        with pytest.raises(ValueError, match="lr_warmup_steps"):
+            GRPOConfig(lr_warmup_steps=bad)
+
+
+def test_an_update_in_the_warm_up_is_the_update_at_its_rate(model_dir):  # noqa: F811
+    table = _table(seed=4)
+    base = GRPOConfig(lr=1e-3, inner_epochs=2, compute_dtype="float32")
+    ramped, plain = Trainer(model_dir, device="cpu"), Trainer(model_dir, device="cpu")
+    assert ramped.step(table, replace(base, lr_warmup_steps=4))["lr"] == 2.5e-4
+    assert plain.step(table, replace(base, lr=2.5e-4))["lr"] == 2.5e-4
+    for (name, a), b in zip(ramped.model.state_dict().items(), plain.model.state_dict().values()):
+        assert torch.equal(a, b), name
+    # The second update runs at twice the first's rate: the weights now part.
+    assert ramped.step(table, replace(base, lr_warmup_steps=4))["lr"] == 5e-4
+    assert plain.step(table, replace(base, lr=2.5e-4))["lr"] == 2.5e-4
+    assert not all(torch.equal(a, b) for a, b in zip(ramped.model.state_dict().values(),
+                                                      plain.model.state_dict().values()))
+
+
+def test_a_restored_trainer_goes_on_with_the_ramp_and_the_configs_rate(model_dir, tmp_path):  # noqa: F811
+    table, cfg = _table(seed=5), GRPOConfig(lr=1e-3, inner_epochs=1, lr_warmup_steps=3, compute_dtype="float32")
+    t = Trainer(model_dir, device="cpu")
+    t.step(table, cfg)
+    t.save(str(tmp_path / "ckpt"))
+    back = Trainer(model_dir, device="cpu")
+    back.restore(str(tmp_path / "ckpt"))
+    assert back.step(table, cfg)["lr"] == pytest.approx(2 * 1e-3 / 3)  # the second update of the ramp
+    assert back.step(table, replace(cfg, lr=5e-4))["lr"] == 5e-4  # past the ramp: the config's rate, not the saved one
+    assert back.opt.param_groups[0]["lr"] == 5e-4
