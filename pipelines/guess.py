@@ -13,7 +13,7 @@ from rose.graph import Graph, rl_step
 ENV = "guess"  # environment (rose/envs/guess.py)
 NUM_GROUPS = 16  # environment seeds per step (GRPO groups)
 GROUP_SIZE = 8  # samples per seed
-STEPS = 200  # RL steps by default: 1.4-1.7 s each on the AVX2 host (2026-12-07), 5-6 min of steps
+STEPS = 200  # RL steps by default: 1.2-1.7 s each on the AVX2 host (2026-12-07), 4-6 min of steps
 SEED = 0
 MODEL = rose.ModelConfig()  # path=None: build and warm-start the tiny local model
 # float32 engines for the tiny model: they sample from exactly the trainer's weights (seeded 100-step

@@ -23,8 +23,8 @@ import pyarrow.parquet as pq
 # trajectories shed and resumed on another worker whose environment the trainer replayed
 # (`rose.envs.provenance`); those that did not replay are `failed`, with the reason.
 # lr: the learning rate of the step's update (`GRPOConfig.lr_at`). groups_sampled: GRPO groups rolled
-# out; groups_varied: those whose rewards varied (the rest teach nothing); sample_rounds: rollout rounds the step took (dynamic sampling rolls out more until enough
-# groups vary: demand varies by step).
+# out; groups_varied: those whose rewards varied (the rest teach nothing); sample_rounds: rollout rounds
+# the step took (dynamic sampling rolls out more until enough groups vary: demand varies by step).
 STEP_COLUMNS = ["step", "weight_version", "rollout_version", "reward_mean", "reward_std", "trajectories", "failed",
                 "tokens", "rollout_s", "train_s", "trainer_compute_s", "sync_s", "step_s", "rollout_tok_s",
                 "logprob_mismatch", "loss", "lr", "sync_bytes", "sync_refetches", "lost", "duplicated",
