@@ -63,9 +63,8 @@ class CoServingExecutor(CommandThread):
         # Counters (loop thread). steps_cut: iterations whose extra rollout steps the measured period cut short;
         # admitted_between: requests admitted before extra steps; *_wall_ms - *_cpu_ms: contention mid-step.
         self.stats = dict.fromkeys(("iterations", "preemptions", "rollout_tokens", "rollout_requests",
-                                    "serving_tokens", "rollout_steps",
-                                    "load_slices", "steps_cut", "admitted_between", "rollout_wall_ms",
-                                    "rollout_cpu_ms", "serving_wall_ms", "serving_cpu_ms"), 0)
+                                    "serving_tokens", "rollout_steps", "load_slices", "steps_cut", "admitted_between",
+                                    "rollout_wall_ms", "rollout_cpu_ms", "serving_wall_ms", "serving_cpu_ms"), 0)
         self.last_plan = None
         # Serving requests decoding or about to (a peak halving in ~35 iterations): what the rollout capacity
         # offered leaves room for. Not prefill tokens: the running batch waits a prefill out (rollout_waits).
