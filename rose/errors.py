@@ -5,6 +5,8 @@ wrong: the node and port, the field and value, the trajectory id, the step, the 
 """
 from __future__ import annotations
 
+import math
+
 
 class RoseError(Exception):
     """Base class. `context` holds the fields that locate the failure (step, trajectory_id, ...)."""
@@ -70,3 +72,9 @@ def config_check(ok: bool, cls_name: str, field: str, value, allowed: str) -> No
     """Raise ConfigError naming the config class, the field, the value and what is allowed."""
     if not ok:
         raise ConfigError(f"{cls_name}.{field}={value!r} is not allowed: {allowed}")
+
+
+def positive_check(cls_name: str, field: str, value, allow_zero: bool = False) -> None:
+    """config_check that `value` is a finite number > 0 (>= 0 with `allow_zero`)."""
+    ok = isinstance(value, (int, float)) and math.isfinite(value) and (value >= 0 if allow_zero else value > 0)
+    config_check(ok, cls_name, field, value, ">= 0" if allow_zero else "> 0")

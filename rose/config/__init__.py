@@ -1,21 +1,17 @@
-"""Frozen configs, validated on construction. Errors name the field, the value and what is allowed."""
+"""Frozen configs of the model, the engines and the cluster, and of the training algorithm
+(`rose.config.algorithm`), validated on construction. Errors name the field, the value and what is allowed."""
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, field
 
-from rose.errors import config_check
+from rose.config.algorithm import ALGORITHMS, COMPUTE_DTYPES, LOSS_AGG, DAPOConfig, GRPOConfig  # noqa: F401
+from rose.errors import config_check, positive_check
 
 # Rollout placement policies (`dask scheduler --preload rose.plugin --rose-policy P`): rose places on
 # dedicated workers, then on serving workers' spare capacity; fixed on dedicated workers only; elastic
 # on dedicated workers plus on-demand ones that a scaler starts (`ElasticConfig`).
 POLICIES = ("rose", "fixed", "elastic")
-
-
-def _positive(cls: str, name: str, value, allow_zero: bool = False) -> None:
-    ok = isinstance(value, (int, float)) and math.isfinite(value) and (value >= 0 if allow_zero else value > 0)
-    config_check(ok, cls, name, value, ">= 0" if allow_zero else "> 0")
 
 
 @dataclass(frozen=True)
@@ -40,9 +36,9 @@ class ModelConfig:
     def __post_init__(self):
         c = "ModelConfig"
         for name in ("hidden_size", "num_layers", "num_heads", "max_model_len", "warmstart_batch"):
-            _positive(c, name, getattr(self, name))
-        _positive(c, "warmstart_steps", self.warmstart_steps, allow_zero=True)
-        _positive(c, "warmstart_lr", self.warmstart_lr)
+            positive_check(c, name, getattr(self, name))
+        positive_check(c, "warmstart_steps", self.warmstart_steps, allow_zero=True)
+        positive_check(c, "warmstart_lr", self.warmstart_lr)
         config_check(self.tokenizer in ("word", "bpe"), c, "tokenizer", self.tokenizer, "'word' or 'bpe'")
         config_check(isinstance(self.bpe_vocab_size, int) and self.bpe_vocab_size >= 260, c, "bpe_vocab_size",
                      self.bpe_vocab_size, "an int >= 260 (256 bytes, 3 special tokens, a merge)")
@@ -92,137 +88,23 @@ class EngineConfig:
     def __post_init__(self):
         c = "EngineConfig"
         config_check(self.dtype in ("auto", "float32", "bfloat16"), c, "dtype", self.dtype, "auto, float32 or bfloat16")
-        _positive(c, "kv_cache_gib", self.kv_cache_gib)
+        positive_check(c, "kv_cache_gib", self.kv_cache_gib)
         config_check(0 < self.gpu_memory_utilization <= 1, c, "gpu_memory_utilization",
                      self.gpu_memory_utilization, "in (0, 1]")
-        _positive(c, "max_num_seqs", self.max_num_seqs)
-        _positive(c, "temperature", self.temperature)
+        positive_check(c, "max_num_seqs", self.max_num_seqs)
+        positive_check(c, "temperature", self.temperature)
         config_check(0 < self.top_p <= 1, c, "top_p", self.top_p, "in (0, 1]")
-        _positive(c, "rollout_slots", self.rollout_slots)
-        _positive(c, "batch_hold_ms", self.batch_hold_ms, allow_zero=True)
-        _positive(c, "request_timeout_s", self.request_timeout_s)
-        _positive(c, "env_timeout_s", self.env_timeout_s)
-        _positive(c, "weight_shard_kib", self.weight_shard_kib)
+        positive_check(c, "rollout_slots", self.rollout_slots)
+        positive_check(c, "batch_hold_ms", self.batch_hold_ms, allow_zero=True)
+        positive_check(c, "request_timeout_s", self.request_timeout_s)
+        positive_check(c, "env_timeout_s", self.env_timeout_s)
+        positive_check(c, "weight_shard_kib", self.weight_shard_kib)
         config_check(type(self.kv_block_tokens) is int and self.kv_block_tokens >= 0, c, "kv_block_tokens",
                      self.kv_block_tokens, "a whole number of tokens >= 0 (0: the host's default)")
 
     @property
     def weight_shard_bytes(self) -> int:
         return self.weight_shard_kib * 1024
-
-
-ALGORITHMS = ("grpo", "dapo")
-LOSS_AGG = ("token", "sequence")
-COMPUTE_DTYPES = ("auto", "float32", "bfloat16")
-
-
-@dataclass(frozen=True)
-class GRPOConfig:
-    """Group-relative policy optimisation on the trainer worker, or DAPO (`algorithm="dapo"`, or
-    `DAPOConfig()`): clip-higher, dynamic sampling, token-level loss and overlong shaping.
-
-    The fields DAPO changes default to None, meaning "what `algorithm` says"; read them resolved from
-    the properties (`clip_upper`, `samples_dynamically`, `aggregation`), so `replace(cfg,
-    algorithm="dapo")` gives DAPO's defaults for whatever the caller left unset."""
-
-    lr: float = 3e-4  # AdamW learning rate
-    # Updates over which the learning rate ramps linearly up to `lr` (update u, from 0, runs at
-    # lr * (u + 1) / lr_warmup_steps): the first updates, on a policy's first advantages, move it least.
-    # 0: `lr` from the first update.
-    lr_warmup_steps: int = 0
-    betas: tuple[float, float] = (0.9, 0.99)
-    clip: float = 0.2  # PPO ratio clip: ratio in [1 - clip, 1 + clip_high]
-    inner_epochs: int = 4  # clipped updates per batch of trajectories
-    grad_clip: float = 1.0  # max global grad norm
-    adv_eps: float = 1e-4  # advantage = (r - mean_group) / (std_group + adv_eps)
-    tis_cap: float = 2.0  # truncated importance weight cap for engine/trainer log-prob mismatch
-    algorithm: str = "grpo"  # "grpo" | "dapo": the defaults of the None fields below
-    # Upper clip of the ratio, 1 + clip_high. None: `clip` (GRPO); DAPO's clip-higher: 0.28
-    clip_high: float | None = None
-    # Drop groups whose rewards do not vary (no advantage: they only dilute the token mean) and roll out
-    # more prompts until the step has its `num_groups` varied groups, or `max_sample_rounds` rounds ran.
-    # None: off for GRPO, on for DAPO.
-    dynamic_sampling: bool | None = None
-    max_sample_rounds: int = 4  # rollout rounds one step may take to fill its batch (dynamic sampling)
-    # "token": the loss is the mean over every generated token of the batch (DAPO; ROSE's GRPO always
-    # did this); "sequence": each trajectory's token mean, then the mean over trajectories (the GRPO
-    # paper). None: "token".
-    loss_agg: str | None = None
-    # DAPO's overlong shaping: a trajectory's generated tokens L past `overlong_max_tokens -
-    # overlong_buffer` cost up to `overlong_penalty` (linearly; the full penalty past the max). 0: off.
-    overlong_max_tokens: int = 0
-    overlong_buffer: int = 0  # tokens
-    overlong_penalty: float = 1.0  # reward units
-    # Forward and backward passes on slices of the batch of at most this many padded tokens each
-    # (rows x longest row), gradients accumulated: peak activation memory stays flat as the batch grows.
-    # None: the whole batch at once. The update is the same either way (to float rounding).
-    max_tokens_per_microbatch: int | None = None
-    # Recompute activations in the backward pass instead of keeping them (less memory, ~30 % more compute)
-    gradient_checkpointing: bool = False
-    # The dtype of the trainer's forward and backward passes: "bfloat16" runs them under bf16 autocast
-    # (master weights, gradients and AdamW state stay float32), "float32" in float32; "auto": bf16 where
-    # the trainer's device computes it natively (CUDA with bf16; a CPU with AVX512-BF16 or AMX), else float32.
-    compute_dtype: str = "auto"
-
-    def __post_init__(self):
-        c = "GRPOConfig"
-        _positive(c, "lr", self.lr)
-        config_check(isinstance(self.lr_warmup_steps, int) and self.lr_warmup_steps >= 0, c, "lr_warmup_steps",
-                     self.lr_warmup_steps, "an int >= 0 (0: no warm-up)")
-        config_check(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), c, "betas", self.betas,
-                     "two values in [0, 1)")
-        config_check(0 < self.clip < 1, c, "clip", self.clip, "in (0, 1)")
-        _positive(c, "inner_epochs", self.inner_epochs)
-        _positive(c, "grad_clip", self.grad_clip)
-        _positive(c, "adv_eps", self.adv_eps)
-        config_check(self.tis_cap >= 1, c, "tis_cap", self.tis_cap, ">= 1")
-        config_check(self.algorithm in ALGORITHMS, c, "algorithm", self.algorithm, f"one of {ALGORITHMS}")
-        config_check(self.clip_high is None or (isinstance(self.clip_high, (int, float)) and 0 < self.clip_high < 10),
-                     c, "clip_high", self.clip_high, "None or in (0, 10)")
-        config_check(self.dynamic_sampling in (None, True, False), c, "dynamic_sampling", self.dynamic_sampling,
-                     "None, True or False")
-        config_check(isinstance(self.max_sample_rounds, int) and self.max_sample_rounds >= 1, c, "max_sample_rounds",
-                     self.max_sample_rounds, "an int >= 1")
-        config_check(self.loss_agg in (None,) + LOSS_AGG, c, "loss_agg", self.loss_agg, f"None or one of {LOSS_AGG}")
-        config_check(isinstance(self.overlong_max_tokens, int) and self.overlong_max_tokens >= 0, c,
-                     "overlong_max_tokens", self.overlong_max_tokens, "an int >= 0 (0: off)")
-        config_check(isinstance(self.overlong_buffer, int) and 0 <= self.overlong_buffer <= self.overlong_max_tokens,
-                     c, "overlong_buffer", self.overlong_buffer,
-                     f"an int in [0, overlong_max_tokens={self.overlong_max_tokens}]")
-        _positive(c, "overlong_penalty", self.overlong_penalty, allow_zero=True)
-        config_check(self.max_tokens_per_microbatch is None or (isinstance(self.max_tokens_per_microbatch, int)
-                                                                and self.max_tokens_per_microbatch >= 1),
-                     c, "max_tokens_per_microbatch", self.max_tokens_per_microbatch, "None or an int >= 1")
-        config_check(isinstance(self.gradient_checkpointing, bool), c, "gradient_checkpointing",
-                     self.gradient_checkpointing, "True or False")
-        config_check(self.compute_dtype in COMPUTE_DTYPES, c, "compute_dtype", self.compute_dtype,
-                     f"one of {COMPUTE_DTYPES}")
-
-    def lr_at(self, update: int) -> float:
-        """The learning rate of update `update` (0 for the first): `lr` after the warm-up."""
-        if update < self.lr_warmup_steps:
-            return self.lr * (update + 1) / self.lr_warmup_steps
-        return self.lr
-
-    @property
-    def clip_upper(self) -> float:
-        return self.clip_high if self.clip_high is not None else (0.28 if self.algorithm == "dapo" else self.clip)
-
-    @property
-    def samples_dynamically(self) -> bool:
-        return self.dynamic_sampling if self.dynamic_sampling is not None else self.algorithm == "dapo"
-
-    @property
-    def aggregation(self) -> str:
-        return self.loss_agg or "token"
-
-
-@dataclass(frozen=True)
-class DAPOConfig(GRPOConfig):
-    """DAPO: GRPOConfig with `algorithm="dapo"`: clip-higher (0.28), dynamic sampling, token-level loss.
-    Overlong shaping needs the response budget: set `overlong_max_tokens` and `overlong_buffer`."""
-
-    algorithm: str = "dapo"
 
 
 @dataclass(frozen=True)
@@ -288,20 +170,20 @@ class ClusterConfig:
     def __post_init__(self):
         c = "ClusterConfig"
         config_check(self.policy in POLICIES, c, "policy", self.policy, f"one of {list(POLICIES)}")
-        _positive(c, "shed_after_s", self.shed_after_s, allow_zero=True)
-        _positive(c, "worker_wait_s", self.worker_wait_s, allow_zero=True)
+        positive_check(c, "shed_after_s", self.shed_after_s, allow_zero=True)
+        positive_check(c, "worker_wait_s", self.worker_wait_s, allow_zero=True)
         config_check(self.dedicated_slots is None or self.dedicated_slots >= 1, c, "dedicated_slots",
                      self.dedicated_slots, ">= 1 or None")
-        _positive(c, "num_dedicated", self.num_dedicated, allow_zero=True)
+        positive_check(c, "num_dedicated", self.num_dedicated, allow_zero=True)
         config_check(isinstance(self.num_trainers, int) and self.num_trainers >= 1, c, "num_trainers",
                      self.num_trainers, "an int >= 1")
-        _positive(c, "num_serving", self.num_serving, allow_zero=True)
-        _positive(c, "serving_rollout_seqs", self.serving_rollout_seqs)
+        positive_check(c, "num_serving", self.num_serving, allow_zero=True)
+        positive_check(c, "serving_rollout_seqs", self.serving_rollout_seqs)
         config_check(self.num_dedicated + self.num_serving > 0, c, "num_dedicated", self.num_dedicated,
                      ">= 1, or serving workers (num_serving) to run rollouts")
         config_check(self.num_serving == 0 or bool(self.serving_model), c, "serving_model", self.serving_model,
                      "a model directory when num_serving > 0")
-        _positive(c, "num_reward", self.num_reward, allow_zero=True)
+        positive_check(c, "num_reward", self.num_reward, allow_zero=True)
         config_check(self.num_reward == 0 or bool(self.reward_model), c, "reward_model", self.reward_model,
                      "a model directory when num_reward > 0")
         config_check(bool(self.trainer_site), c, "trainer_site", self.trainer_site, "a non-empty site name")
