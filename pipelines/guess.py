@@ -2,9 +2,9 @@
 
 Run:  rose run pipelines/guess.py --json
 A tiny Llama (0.5 M parameters) is built and warm-started on random valid play (cached), then GRPO
-teaches it to search: sampled reward rises from about 0.45 toward binary search's 0.76, by +0.14 to
-+0.16 from the first 10 steps to the last 10 on the slowest host measured (seeds 0-2; `reward_first10`,
-`reward_last10` in the summary; hosts and seeds in benchmarks/RESULTS.md).
+teaches it to search: sampled reward rises from about 0.45 toward binary search's 0.76, by +0.13 to
++0.18 from the first 10 steps to the last 10 (seeds 0-2 on two hosts; `reward_first10`, `reward_last10`
+in the summary; hosts and seeds in benchmarks/RESULTS.md), then levels off near 0.6.
 """
 import rose
 from rose.graph import Graph, rl_step
@@ -13,7 +13,7 @@ from rose.graph import Graph, rl_step
 ENV = "guess"  # environment (rose/envs/guess.py)
 NUM_GROUPS = 16  # environment seeds per step (GRPO groups)
 GROUP_SIZE = 8  # samples per seed
-STEPS = 200  # RL steps by default: 1.2-1.7 s each on the AVX2 host (2026-12-07), 4-6 min of steps
+STEPS = 200  # RL steps by default: 1.2-1.7 s each on the AVX2 host, 0.6 s on the Zen 5 host (2026-12-07)
 SEED = 0
 MODEL = rose.ModelConfig()  # path=None: build and warm-start the tiny local model
 # float32 engines for the tiny model: they sample from exactly the trainer's weights (seeded 100-step
@@ -25,8 +25,9 @@ ENGINE = rose.EngineConfig(dtype="float32", temperature=1.0, kv_cache_gib=0.5)
 # trainer gets one core and the rollout worker the other; synchronously each phase gets both in turn.
 # Seeded 200-step runs here (AVX2 host, 2026-12-07; benchmarks/RESULTS.md, the default pipeline), as set
 # below: +0.144, +0.156, +0.162 (seeds 0-2) in 295-343 s of steps; synchronous at 5e-4 (the default
-# before): +0.150 (seed 0) in 458 s. A seed gave the same rewards with one or two workers and at each
-# host speed seen. At 5e-4 asynchronous steps collapsed in two runs (at step ~107 and ~140), at 4e-4 the
+# before): +0.150 (seed 0) in 458 s. On the Zen 5 host (trainer passes in bf16): +0.175, +0.143, +0.126
+# in 137-170 s; DAPO there +0.112, +0.174, +0.126. A seed gave the same rewards with one or two workers
+# and at each host speed seen. At 5e-4 asynchronous steps collapsed in two runs (at step ~107 and ~140), at 4e-4 the
 # reward fell to -0.35 at step 13 and came back by step 18; 1e-3 broke the warm-started policy within 5
 # steps in either mode. `--staleness 0` runs synchronously (at 3e-4 it rose +0.09 over 100 steps,
 # 2026-11-30; 5e-4 suits it better).
