@@ -22,12 +22,14 @@ import pyarrow.parquet as pq
 # received. workers_lost: rollout workers that left the run during the step. provenance_checked:
 # trajectories shed and resumed on another worker whose environment the trainer replayed
 # (`rose.envs.provenance`); those that did not replay are `failed`, with the reason.
-# lr: the learning rate of the step's update (`GRPOConfig.lr_at`). groups_sampled: GRPO groups rolled
+# lr: the learning rate of the step's update (`GRPOConfig.lr_at`). kl: the token mean of the KL
+# penalty's k3 against the starting weights in the update's last inner epoch (`GRPOConfig.kl_coef`; NaN
+# where the penalty is off). groups_sampled: GRPO groups rolled
 # out; groups_varied: those whose rewards varied (the rest teach nothing); sample_rounds: rollout rounds
 # the step took (dynamic sampling rolls out more until enough groups vary: demand varies by step).
 STEP_COLUMNS = ["step", "weight_version", "rollout_version", "reward_mean", "reward_std", "trajectories", "failed",
                 "tokens", "rollout_s", "train_s", "trainer_compute_s", "sync_s", "step_s", "rollout_tok_s",
-                "logprob_mismatch", "loss", "lr", "sync_bytes", "sync_refetches", "lost", "duplicated",
+                "logprob_mismatch", "loss", "kl", "lr", "sync_bytes", "sync_refetches", "lost", "duplicated",
                 "workers_lost", "provenance_checked", "groups_sampled", "groups_varied", "sample_rounds"]
 
 
@@ -50,7 +52,8 @@ def step_row(step: int, version: int, table: pa.Table, metrics: dict, rollout_s:
             "sync_s": sync_s,
             "rollout_tok_s": tokens / rollout_s if rollout_s > 0 else float("nan"),
             "logprob_mismatch": metrics.get("logprob_mismatch", float("nan")),
-            "loss": metrics.get("loss", float("nan")), "lr": metrics.get("lr", float("nan")), **term_means(table)}
+            "loss": metrics.get("loss", float("nan")), "kl": metrics.get("kl", float("nan")),
+            "lr": metrics.get("lr", float("nan")), **term_means(table)}
 
 
 def metrics_frame(rows: list[dict]) -> pd.DataFrame:

@@ -31,6 +31,13 @@ class GRPOConfig:
     grad_clip: float = 1.0  # max global grad norm
     adv_eps: float = 1e-4  # advantage = (r - mean_group) / (std_group + adv_eps)
     tis_cap: float = 2.0  # truncated importance weight cap for engine/trainer log-prob mismatch
+    # Weight of the KL penalty to the reference policy, the run's starting weights (the GRPO paper's
+    # beta: 0.04 there): per generated token, kl_coef * k3(ref || policy), k3 = exp(r) - r - 1 with
+    # r = ref_lp - lp, aggregated as the policy loss is. It anchors what the starting policy already does
+    # well (a warm-started model's action format) while the advantages move the rest. 0: no penalty, and
+    # no reference copy of the model is held (it costs one more copy of the weights and a forward pass
+    # per micro-batch per step).
+    kl_coef: float = 0.0
     algorithm: str = "grpo"  # "grpo" | "dapo": the defaults of the None fields below
     # Upper clip of the ratio, 1 + clip_high. None: `clip` (GRPO); DAPO's clip-higher: 0.28
     clip_high: float | None = None
@@ -71,6 +78,7 @@ class GRPOConfig:
         positive_check(c, "grad_clip", self.grad_clip)
         positive_check(c, "adv_eps", self.adv_eps)
         config_check(self.tis_cap >= 1, c, "tis_cap", self.tis_cap, ">= 1")
+        positive_check(c, "kl_coef", self.kl_coef, allow_zero=True)
         config_check(self.algorithm in ALGORITHMS, c, "algorithm", self.algorithm, f"one of {ALGORITHMS}")
         config_check(self.clip_high is None or (isinstance(self.clip_high, (int, float)) and 0 < self.clip_high < 10),
                      c, "clip_high", self.clip_high, "None or in (0, 10)")

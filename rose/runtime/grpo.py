@@ -7,7 +7,8 @@ Three log-probs meet here, per generated token:
 The PPO ratio `exp(lp - old_lp)` is clipped as usual. Engine and trainer compute the same policy
 with different kernels, so `old_lp != behav_lp` slightly; the truncated importance weight
 `min(exp(old_lp - behav_lp), tis_cap)` corrects for that mismatch (samples came from the engine)
-without letting a rare large mismatch blow up the gradient.
+without letting a rare large mismatch blow up the gradient. With a KL penalty (`GRPOConfig.kl_coef`) a
+fourth, `ref_lp`, is the reference policy's (the run's starting weights), which the penalty pulls toward.
 """
 from __future__ import annotations
 
@@ -31,14 +32,18 @@ def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, eps: float)
 
 def grpo_loss(lp: torch.Tensor, old_lp: torch.Tensor, behav_lp: torch.Tensor, adv: torch.Tensor,
               mask: torch.Tensor, clip: float, tis_cap: float, clip_high: float | None = None,
-              agg: str = "token") -> tuple[torch.Tensor, dict]:
+              agg: str = "token", ref_lp: torch.Tensor | None = None,
+              kl_coef: float = 0.0) -> tuple[torch.Tensor, dict]:
     """The clipped policy loss over generated tokens.
 
     lp, old_lp, behav_lp, mask: (B, T) aligned per token; adv: (B,). mask is 1 on policy tokens. The
     ratio is clipped to [1 - clip, 1 + clip_high] (clip_high None: clip; DAPO's clip-higher raises it
     so unlikely tokens can still gain mass). agg "token": the mean over every generated token of the
     batch (long answers weigh by their length: DAPO); "sequence": each row's token mean, then the mean
-    over rows. Returns (loss, stats) where stats holds clip fraction and mean truncated importance weight.
+    over rows. With `kl_coef` > 0, `ref_lp` (B, T) holds the reference policy's log-probs and each token's
+    objective loses kl_coef * k3, k3 = exp(ref_lp - lp) - (ref_lp - lp) - 1 (>= 0, 0 where the two agree;
+    the GRPO paper's estimator of KL(policy || ref)). Returns (loss, stats) where stats holds clip
+    fraction, mean truncated importance weight and, with the penalty, the token mean of k3 ("kl").
     """
     high = clip if clip_high is None else clip_high
     mask = mask.float()
@@ -50,16 +55,26 @@ def grpo_loss(lp: torch.Tensor, old_lp: torch.Tensor, behav_lp: torch.Tensor, ad
     a = adv[:, None]
     obj = torch.minimum(ratio * a, torch.clamp(ratio, 1 - clip, 1 + high) * a)
     tis = torch.clamp(torch.exp(old_lp - behav_lp), max=tis_cap).detach()
+    per_token = obj * tis
+    kl = None
+    if kl_coef > 0:
+        if ref_lp is None:
+            raise ValueError("grpo_loss: kl_coef > 0 needs the reference policy's log-probs (ref_lp)")
+        r = torch.where(mask > 0, ref_lp.detach(), zero) - lp
+        kl = torch.exp(r) - r - 1
+        per_token = per_token - kl_coef * kl
     n = mask.sum().clamp(min=1)
     if agg == "sequence":
         rows = mask.sum(1)
-        per_row = (obj * tis * mask).sum(1) / rows.clamp(min=1)
-        loss = -per_row[rows > 0].mean() if bool((rows > 0).any()) else -(obj * tis * mask).sum()
+        per_row = (per_token * mask).sum(1) / rows.clamp(min=1)
+        loss = -per_row[rows > 0].mean() if bool((rows > 0).any()) else -(per_token * mask).sum()
     else:
-        loss = -(obj * tis * mask).sum() / n
+        loss = -(per_token * mask).sum() / n
     with torch.no_grad():
         clipped = ((ratio < 1 - clip) | (ratio > 1 + high)).float()
         stats = {"clip_frac": float((clipped * mask).sum() / n), "tis_mean": float((tis * mask).sum() / n)}
+        if kl is not None:
+            stats["kl"] = float((kl * mask).sum() / n)
     return loss, stats
 
 

@@ -74,6 +74,9 @@ class Trainer:
         self._opt_by_name = False  # that state is keyed by parameter name (a sharded trainer's), not index
         self.pad_id = self.model.config.pad_token_id or 0
         self._native_bf16: bool | None = None  # whether self.device computes bf16 natively; asked once
+        # The reference policy of GRPOConfig.kl_coef: the run's starting weights (`model_dir`; a restored
+        # trainer's too), frozen. Loaded at the first step that asks for it.
+        self._reference = None
 
     def save(self, path: str) -> None:
         """Write everything the next step depends on into the (new, empty) directory `path`: the weights
@@ -153,8 +156,9 @@ class Trainer:
         if self._native_bf16 is None:
             self._native_bf16 = native_bf16(self.device.type)
         dtype = choose_dtype(cfg.compute_dtype, [self._native_bf16])
+        reference = self._reference_model() if cfg.kl_coef > 0 else None
         self.model.train()
-        losses, stats, old = [], {}, [None] * len(passes)
+        losses, stats, old, ref = [], {}, [None] * len(passes), [None] * len(passes)
         mismatch, mismatch_max = 0.0, 0.0
         for epoch in range(cfg.inner_epochs):
             self.opt.zero_grad()
@@ -170,12 +174,15 @@ class Trainer:
                     # The first epoch's forward runs at the weights the batch started from: its log-probs
                     # are the "old" ones of the PPO ratio (no separate no-grad forward pass).
                     old[k] = lp.detach()
+                    if reference is not None:
+                        with torch.no_grad(), self._autocast(dtype, width):
+                            ref[k] = token_logprobs(reference(input_ids=mb_ids).logits, mb_ids, self.temperature)
                     if share:
                         diff = (old[k] - mb_behav).abs() * mb_mask
                         mismatch += float(diff.sum())
                         mismatch_max = max(mismatch_max, float(diff.max()))
                 loss, mb_stats = grpo_loss(lp, old[k], mb_behav, mb_adv, mb_mask, cfg.clip, cfg.tis_cap,
-                                           cfg.clip_upper, cfg.aggregation)
+                                           cfg.clip_upper, cfg.aggregation, ref[k], cfg.kl_coef)
                 (loss * share).backward()
                 epoch_loss += loss.item() * share / self.world
                 tokens = float(mb_mask.sum()) / n_tokens if share else 0.0  # stats are token means
@@ -193,6 +200,18 @@ class Trainer:
                     "logprob_mismatch_max": all_reduce([mismatch_max], self.device, "max")[0]}
         return metrics | stats | {"loss": float(np.mean(summed[1:1 + len(losses)])), "grad_norm": float(grad_norm),
                                   "train_s": time.perf_counter() - t0, "weight_version": self.version}
+
+    def _reference_model(self):
+        """The frozen reference policy (GRPOConfig.kl_coef): `model_dir`'s weights, sharded as the model is."""
+        if self._reference is None:
+            from transformers import AutoModelForCausalLM
+
+            ref = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32).to(self.device)
+            ref.requires_grad_(False)
+            if self.world > 1:
+                shard(ref, self.device)
+            self._reference = ref.eval()
+        return self._reference
 
     def full_state_dict(self) -> dict:
         """Every weight whole (sharded: gathered onto rank 0, the others get {}; a collective every rank calls)."""

@@ -84,7 +84,7 @@ def _exit_now():
     os._exit(0)
 
 
-def _rank(rank, world, port, model_dir, out, dtype="float32"):
+def _rank(rank, world, port, model_dir, out, dtype="float32", kl_coef=0.0):
     import torch.distributed as dist
 
     from rose.config import GRPOConfig
@@ -93,7 +93,7 @@ def _rank(rank, world, port, model_dir, out, dtype="float32"):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     trainer = Trainer(model_dir, device="cpu")
-    cfg = GRPOConfig(lr=1e-3, inner_epochs=2, compute_dtype=dtype, max_tokens_per_microbatch=150)
+    cfg = GRPOConfig(lr=1e-3, inner_epochs=2, compute_dtype=dtype, max_tokens_per_microbatch=150, kl_coef=kl_coef)
     metrics = [trainer.step(_table(seed=s), cfg) for s in range(2)]
     weights = trainer.full_state_dict()
     if rank == 0:
@@ -103,18 +103,21 @@ def _rank(rank, world, port, model_dir, out, dtype="float32"):
     _exit_now()
 
 
-def test_two_ranks_make_the_same_updates_as_one_trainer(tmp_path):
+@pytest.mark.parametrize("kl_coef", [0.0, 0.5])  # with the penalty, each rank holds a shard of the reference too
+def test_two_ranks_make_the_same_updates_as_one_trainer(tmp_path, kl_coef):
     from rose.config import GRPOConfig
     from rose.runtime.trainer import Trainer
 
     model_dir, out = _tiny_model(tmp_path), str(tmp_path / "rank0.pt")
-    _run_ranks(_rank, model_dir, out)
+    _run_ranks(_rank, model_dir, out, "float32", kl_coef)
     sharded = torch.load(out)
     one = Trainer(model_dir, device="cpu")
-    metrics = [one.step(_table(seed=s), GRPOConfig(lr=1e-3, inner_epochs=2, compute_dtype="float32")) for s in range(2)]
+    cfg = GRPOConfig(lr=1e-3, inner_epochs=2, compute_dtype="float32", kl_coef=kl_coef)
+    metrics = [one.step(_table(seed=s), cfg) for s in range(2)]
+    assert ("kl" in metrics[1]) == (kl_coef > 0) and ("kl" in sharded["metrics"][1]) == (kl_coef > 0)
     for a, b in zip(metrics, sharded["metrics"]):
         assert b["microbatches"] > 1
-        for name in ("loss", "grad_norm", "logprob_mismatch", "clip_frac"):
+        for name in ("loss", "grad_norm", "logprob_mismatch", "clip_frac") + (("kl",) if kl_coef else ()):
             assert b[name] == pytest.approx(a[name], rel=1e-4, abs=1e-6), name
     ref = one.model.state_dict()
     for name, w in sharded["weights"].items():
