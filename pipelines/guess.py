@@ -4,7 +4,9 @@ Run:  rose run pipelines/guess.py --json
 A tiny Llama (0.5 M parameters) is built and warm-started on random valid play (cached), then GRPO
 teaches it to search: sampled reward rises from about 0.45 toward binary search's 0.76, by +0.13 to
 +0.18 from the first 10 steps to the last 10 (seeds 0-2 on two hosts; `reward_first10`, `reward_last10`
-in the summary; hosts and seeds in benchmarks/RESULTS.md), then levels off near 0.6.
+in the summary; hosts and seeds in benchmarks/RESULTS.md), then levels off near 0.6: the 2-layer model
+still guesses outside the interval the feedback leaves in about a third of its fifth turns
+(`python benchmarks/support/guess_turns.py runs/guess`).
 """
 import rose
 from rose.graph import Graph, rl_step
@@ -15,7 +17,11 @@ NUM_GROUPS = 16  # environment seeds per step (GRPO groups)
 GROUP_SIZE = 8  # samples per seed
 STEPS = 200  # RL steps by default: 1.2-1.7 s each on the AVX2 host, 0.6 s on the Zen 5 host (2026-12-07)
 SEED = 0
-MODEL = rose.ModelConfig()  # path=None: build and warm-start the tiny local model
+# path=None: build and warm-start the tiny local model (300 supervised steps). Longer warm starts (600,
+# 1200 steps; AVX2 host, 2026-12-07) start nearer their teacher's play and end higher, but the format
+# collapsed for a block or two in 4 of 6 runs; with GRPOConfig(kl_coef=0.04) the 1200-step start did not
+# (2 runs) and rose less (RESULTS, the default pipeline).
+MODEL = rose.ModelConfig()
 # float32 engines for the tiny model: they sample from exactly the trainer's weights (seeded 100-step
 # runs of `guess`: reward by 10-step blocks rose 0.48 -> 0.57 steadily in float32, and stayed near 0.50
 # until step 90 in bf16). For real models keep the default, bf16: syncs then send small deltas.
