@@ -13,7 +13,10 @@ import os
 
 import pyarrow.parquet as pq
 
-LOW, HIGH, TURNS = 1, 16, 5  # GuessEnv's defaults, which the pipeline uses
+from rose.envs.guess import GuessEnv
+
+_ENV = GuessEnv()  # the environment's defaults, which the pipeline uses
+LOW, HIGH, TURNS = _ENV.low, _ENV.high, _ENV.max_turns
 
 
 def block_stats(rows: list[dict]) -> dict:
