@@ -2,6 +2,7 @@
 Frozen, validated on construction; errors name the field, the value and what is allowed."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from rose.errors import config_check, positive_check
@@ -25,6 +26,11 @@ class GRPOConfig:
     # lr * (u + 1) / lr_warmup_steps): the first updates, on a policy's first advantages, move it least.
     # 0: `lr` from the first update.
     lr_warmup_steps: int = 0
+    # Updates after the warm-up over which the learning rate falls along a half cosine from `lr` to
+    # `lr * lr_final_ratio`, where it then stays: late updates, on a policy near its plateau, move it
+    # least. 0: `lr` throughout.
+    lr_decay_steps: int = 0
+    lr_final_ratio: float = 0.1  # the learning rate after the decay, as a fraction of `lr`
     betas: tuple[float, float] = (0.9, 0.99)
     clip: float = 0.2  # PPO ratio clip: ratio in [1 - clip, 1 + clip_high]
     inner_epochs: int = 4  # clipped updates per batch of trajectories
@@ -71,6 +77,10 @@ class GRPOConfig:
         positive_check(c, "lr", self.lr)
         config_check(isinstance(self.lr_warmup_steps, int) and self.lr_warmup_steps >= 0, c, "lr_warmup_steps",
                      self.lr_warmup_steps, "an int >= 0 (0: no warm-up)")
+        config_check(isinstance(self.lr_decay_steps, int) and self.lr_decay_steps >= 0, c, "lr_decay_steps",
+                     self.lr_decay_steps, "an int >= 0 (0: no decay)")
+        config_check(isinstance(self.lr_final_ratio, (int, float)) and 0 <= self.lr_final_ratio <= 1, c,
+                     "lr_final_ratio", self.lr_final_ratio, "in [0, 1]")
         config_check(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), c, "betas", self.betas,
                      "two values in [0, 1)")
         config_check(0 < self.clip < 1, c, "clip", self.clip, "in (0, 1)")
@@ -102,10 +112,14 @@ class GRPOConfig:
                      f"one of {COMPUTE_DTYPES}")
 
     def lr_at(self, update: int) -> float:
-        """The learning rate of update `update` (0 for the first): `lr` after the warm-up."""
+        """The learning rate of update `update` (0 for the first): the warm-up's ramp, then `lr`, or the
+        cosine decay to `lr * lr_final_ratio` where `lr_decay_steps` asks for one."""
         if update < self.lr_warmup_steps:
             return self.lr * (update + 1) / self.lr_warmup_steps
-        return self.lr
+        if not self.lr_decay_steps:
+            return self.lr
+        done = min(1.0, (update - self.lr_warmup_steps) / self.lr_decay_steps)
+        return self.lr * (self.lr_final_ratio + (1 - self.lr_final_ratio) * 0.5 * (1 + math.cos(math.pi * done)))
 
     @property
     def clip_upper(self) -> float:
