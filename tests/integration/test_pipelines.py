@@ -249,7 +249,9 @@ def assert_tracked(run_dir, metrics, name: str) -> None:
     module = importlib.util.module_from_spec(shipped)
     shipped.loader.exec_module(module)
     assert run.data.params["train.train.lr"] == str(module.GRPO.lr)  # the pipeline's GRPOConfig
-    assert metrics["lr"].tolist() == [module.GRPO.lr] * len(metrics)  # each update's rate, as the trainer set it
+    # each update's rate, as the trainer set it (the pipeline's decay: the second is below the first)
+    assert metrics["lr"].tolist() == pytest.approx([module.GRPO.lr_at(s) for s in metrics["step"]], rel=1e-9)
+    assert metrics["lr"].iloc[0] == module.GRPO.lr > metrics["lr"].iloc[-1]
     history = client.get_metric_history(run.info.run_id, "reward_mean")
     assert [(m.step, m.value) for m in history] == [(s, pytest.approx(v)) for s, v in
                                                     zip(metrics["step"], metrics["reward_mean"])]

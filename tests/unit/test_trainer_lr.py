@@ -1,5 +1,6 @@
-"""The trainer's learning rate (GRPOConfig.lr, lr_warmup_steps, lr_decay_steps): a linear warm-up and a
-cosine decay counted in updates, the config's rate at every update (also after a restore, whose optimizer state carries the saved one)."""
+"""The trainer's learning rate (GRPOConfig.lr, lr_warmup_steps, lr_decay_steps): a linear warm-up and
+a cosine decay counted in updates, the config's rate at every update (also after a restore, whose
+optimizer state carries the saved one)."""
 from dataclasses import replace
 
 import pytest
@@ -22,8 +23,9 @@ def test_the_warm_up_ramps_linearly_to_lr_and_stays():
 def test_the_decay_follows_a_half_cosine_after_the_warm_up_and_stays_at_its_floor():
     cfg = GRPOConfig(lr=1e-3, lr_warmup_steps=2, lr_decay_steps=4, lr_final_ratio=0.2)
     # Updates 0-1 ramp; 2 starts the decay at lr; 4 is halfway (the mean of lr and the floor); 6 on: the floor.
+    quarter, three_quarters = 2e-4 + 8e-4 * (1 + 2 ** -0.5) / 2, 2e-4 + 8e-4 * (1 - 2 ** -0.5) / 2
     assert [cfg.lr_at(u) for u in range(9)] == pytest.approx(
-        [5e-4, 1e-3, 1e-3, 2e-4 + 8e-4 * (1 + 2 ** -0.5) / 2, 6e-4, 2e-4 + 8e-4 * (1 - 2 ** -0.5) / 2, 2e-4, 2e-4, 2e-4])
+        [5e-4, 1e-3, 1e-3, quarter, 6e-4, three_quarters, 2e-4, 2e-4, 2e-4])
     rates = [GRPOConfig(lr_decay_steps=50).lr_at(u) for u in range(60)]
     assert all(a > b for a, b in zip(rates[:50], rates[1:51])) and rates[50:] == [rates[50]] * 10
     assert GRPOConfig(lr=1e-3, lr_decay_steps=10, lr_final_ratio=0.0).lr_at(10) == 0.0
