@@ -92,3 +92,21 @@ def overridden(pipeline: Pipeline, algorithm: str | None = None, **fields) -> Pi
 
     pipeline = replace(pipeline, **{k: v for k, v in fields.items() if v is not None})
     return pipeline if algorithm is None else with_algorithm(pipeline, algorithm)
+
+
+def past_the_decay(graph, steps: int) -> list[str]:
+    """A message for each train node of `graph` whose learning-rate decay ends before a run of `steps`
+    steps does (one update a step): its last steps would train at the decay's floor, which a pipeline
+    that set the decay for fewer steps (`rose run --steps N`) did not mean. A shorter run, which ends
+    before its decay does, is a trial run and gets none."""
+    out = []
+    for name, node in graph.nodes.items():
+        cfg = node.params.get("grpo") if node.op == "train" else None
+        if cfg is not None and cfg.lr_decay_steps and cfg.lr_warmup_steps + cfg.lr_decay_steps < steps - 1:
+            end = cfg.lr_warmup_steps + cfg.lr_decay_steps
+            out.append(f"train node {name!r}: the learning rate decays to its floor "
+                       f"(lr_final_ratio={cfg.lr_final_ratio} x lr={cfg.lr}) by update {end}, and this run has "
+                       f"{steps} steps: its last {steps - 1 - end} updates run at the floor. Set "
+                       f"GRPOConfig(lr_decay_steps={steps - cfg.lr_warmup_steps}) to decay over the whole run.")
+    return out
+

@@ -27,7 +27,7 @@ from rose.checkpoint import RunDir
 from rose.errors import ConfigError, RunError
 from rose.fleet import TrainerLost, roles_of
 from rose.ops.reward_model import needs_reward_worker
-from rose.pipeline import Pipeline, load_pipeline, overridden
+from rose.pipeline import Pipeline, load_pipeline, overridden, past_the_decay
 from rose.report import Report
 from rose.run_state import RunState
 from rose.runtime.protocol import ModelSpec, rollout_addresses
@@ -87,7 +87,10 @@ def run(pipeline: Pipeline | str, cluster=None, steps: int | None = None, seed: 
     steps = pipeline.steps if steps is None else steps
     if steps < 1:
         raise ConfigError(f"steps={steps} must be >= 1")
-    pipeline.build(0).validate_step()  # malformed graphs fail here, before any cluster work
+    first = pipeline.build(0)
+    first.validate_step()  # malformed graphs fail here, before any cluster work
+    for message in past_the_decay(first, steps):
+        logger.warning(message)
     resume_from = None
     if resume is not None:
         resume_from = RunDir(resume).resume_point(pipeline.name, pipeline.seed, pipeline.staleness)

@@ -60,3 +60,19 @@ def test_a_restored_trainer_goes_on_with_the_ramp_and_the_configs_rate(model_dir
     assert back.step(table, cfg)["lr"] == pytest.approx(2 * 1e-3 / 3)  # the second update of the ramp
     assert back.step(table, replace(cfg, lr=5e-4))["lr"] == 5e-4  # past the ramp: the config's rate, not the saved one
     assert back.opt.param_groups[0]["lr"] == 5e-4
+
+
+def test_a_run_that_outlasts_its_decay_is_told_so():
+    from rose.graph import rl_step
+    from rose.pipeline import past_the_decay
+
+    def graph(**grpo):
+        return rl_step("guess", "guess", 2, 2, grpo=GRPOConfig(**grpo))
+
+    assert past_the_decay(graph(lr_decay_steps=200), 200) == []  # the default pipeline's: the run's length
+    assert past_the_decay(graph(lr_decay_steps=200), 5) == []  # a trial run ends before its decay
+    assert past_the_decay(graph(), 400) == []  # no decay: a constant rate has no floor
+    (msg,) = past_the_decay(graph(lr_decay_steps=200), 400)
+    assert "'train'" in msg and "last 199 updates" in msg and "lr_decay_steps=400" in msg
+    (msg,) = past_the_decay(graph(lr_warmup_steps=10, lr_decay_steps=100), 300)
+    assert "by update 110" in msg and "lr_decay_steps=290" in msg
