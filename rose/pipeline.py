@@ -109,4 +109,3 @@ def past_the_decay(graph, steps: int) -> list[str]:
                        f"{steps} steps: its last {steps - 1 - end} updates run at the floor. Set "
                        f"GRPOConfig(lr_decay_steps={steps - cfg.lr_warmup_steps}) to decay over the whole run.")
     return out
-
