@@ -102,8 +102,8 @@ def past_the_decay(graph, steps: int) -> list[str]:
     out = []
     for name, node in graph.nodes.items():
         cfg = node.params.get("grpo") if node.op == "train" else None
-        if cfg is not None and cfg.lr_decay_steps and cfg.lr_warmup_steps + cfg.lr_decay_steps < steps - 1:
-            end = cfg.lr_warmup_steps + cfg.lr_decay_steps
+        end = cfg.lr_warmup_steps + cfg.lr_decay_steps if cfg is not None and cfg.lr_decay_steps else None
+        if end is not None and end < steps - 1:
             out.append(f"train node {name!r}: the learning rate decays to its floor "
                        f"(lr_final_ratio={cfg.lr_final_ratio} x lr={cfg.lr}) by update {end}, and this run has "
                        f"{steps} steps: its last {steps - 1 - end} updates run at the floor. Set "

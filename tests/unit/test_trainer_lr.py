@@ -37,7 +37,6 @@ def test_the_decay_follows_a_half_cosine_after_the_warm_up_and_stays_at_its_floo
             GRPOConfig(**{field: bad})
 
 
-
 @given(lr=st.floats(1e-6, 1e-2), warmup=st.integers(0, 20), decay=st.integers(1, 300),
        ratio=st.floats(0.0, 1.0), updates=st.integers(1, 400))
 def test_after_the_warm_up_the_rate_never_rises_and_stays_between_floor_and_lr(lr, warmup, decay, ratio, updates):
@@ -47,6 +46,7 @@ def test_after_the_warm_up_the_rate_never_rises_and_stays_between_floor_and_lr(l
     assert all(lr * ratio * (1 - 1e-12) <= r <= lr * (1 + 1e-12) for r in rates)
     assert all(b <= a * (1 + 1e-12) for a, b in zip(rates, rates[1:]))
     assert cfg.lr_at(warmup + decay + updates) == pytest.approx(lr * ratio)
+
 
 def test_an_update_in_the_warm_up_is_the_update_at_its_rate(model_dir):  # noqa: F811
     table = _table(seed=4)
